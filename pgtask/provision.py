@@ -131,8 +131,10 @@ async def ensure_database(conn: psycopg.AsyncConnection, data: str, owner: str, 
 class TableProvisioner:
     """Brings one schema.table to the current definition, inside the entry's database."""
 
-    def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report):
+    def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
+                 owner: str | None = None):
         self.conn, self.schema, self.table, self.report = conn, schema, table, report
+        self.owner = owner
         self.ids = {
             "schema": sql.Identifier(schema),
             "table": sql.Identifier(schema, table),
@@ -155,8 +157,14 @@ class TableProvisioner:
     async def schema_and_type(self) -> None:
         c = self.conn
         if await _one(c, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)) is None:
-            await c.execute(self.q("table.sql", "create_schema"))
+            create = self.q("table.sql", "create_schema")
+            if self.owner:
+                create = sql.SQL("{} AUTHORIZATION {}").format(create, sql.Identifier(self.owner))
+            await c.execute(create)
             self.report.add(f"created schema {self.schema}")
+        if self.owner:
+            # what follows is created as (so owned by) the entry's role
+            await c.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(self.owner)))
         have = await _one(c, """SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder)
             FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
             LEFT JOIN pg_enum e ON e.enumtypid = t.oid
@@ -296,12 +304,17 @@ def _ident_name(name: str) -> str:
     return raw[:63].decode(errors="ignore")
 
 
-async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report) -> int:
-    """Run all table steps in one transaction; returns the table oid."""
+async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
+                          owner: str | None = None) -> int:
+    """Run all table steps in one transaction; returns the table oid.
+
+    ``owner``: provision as an administrator on behalf of that role (schema AUTHORIZATION, then
+    SET LOCAL ROLE), so the entry's role needs no CREATE right on a database it does not own.
+    """
     async with conn.transaction():
         # one provisioner at a time per table, across service instances
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask provision {schema}.{table}",))
-        return await TableProvisioner(conn, schema, table, report).run()
+        return await TableProvisioner(conn, schema, table, report, owner).run()
 
 
 _IDENT = re.compile(r"^[^\x00]+$")

@@ -105,6 +105,15 @@ class Database:
         rows = self.execute(query, params)
         return rows[0][0] if rows else None
 
+    def role(self, name: str, grant: bool = True) -> str:
+        """A LOGIN role (roles are cluster-wide: created once per session) allowed to insert tasks."""
+        self.execute(f"""DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN
+                         CREATE ROLE "{name}" LOGIN; END IF; END$$""")
+        if grant:
+            self.execute(f'GRANT INSERT, SELECT, UPDATE ON task TO "{name}"; '
+                         f'GRANT USAGE ON SEQUENCE task_id_seq TO "{name}"')
+        return name
+
     def insert(self, input_text: str, **columns) -> int:
         cols = ["input", *columns]
         names = ", ".join(f'"{c}"' for c in cols)
