@@ -130,7 +130,7 @@ FROM s WHERE t."id" = s."id" RETURNING t."id"
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp())
                           - statement_timestamp())::float8,
-       EXISTS (SELECT FROM {table} WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp())
+       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
 
 -- columns --
 -- Every live column except those a repeat sets itself (the manual's task_columns()).
