@@ -71,7 +71,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "log_level": (str, "info"),
     "embedded_dir": (str, ""),       # where the embedded cluster lives ("" = ./.pgtask)
     "embedded_port": (int, 5432),
-    "output_limit": (int, 64 * 1024 * 1024),  # bytes of output kept per task; the rest is cut
+    "output_limit": (int, 8 * 1024 * 1024),  # characters of output kept per task; the rest is cut
     "execute_as": (str, "login"),    # login | set_role: how a local task takes its author's role
     "reconcile": (float, 0.0),       # seconds between authoritative polls when idle (0 = pg_task.sleep)
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)

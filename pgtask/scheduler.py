@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -46,6 +46,18 @@ class Options:
     grace: float
 
 
+def with_liveness(conninfo: str) -> str:
+    """Let the server notice a vanished service: TCP keepalives, and a running query checks its client
+    every second (client_connection_check_interval) so an orphaned task is cancelled, not finished."""
+    params = conninfo_to_dict(conninfo) if conninfo else {}
+    extra = {k: v for k, v in (("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"),
+                               ("keepalives_count", "3")) if k not in params}
+    options = params.get("options", "")
+    if "client_connection_check_interval" not in options:
+        extra["options"] = (options + " -c client_connection_check_interval=1000").strip()
+    return make_conninfo(conninfo, **extra)
+
+
 class Backoff:
     """Bounded exponential backoff with jitter for reconnects."""
 
@@ -64,6 +76,7 @@ class Backoff:
 class Scheduler:
     def __init__(self, entry: Entry, base_conninfo: str, options: Options):
         self.entry, self.options = entry, options
+        base_conninfo = with_liveness(base_conninfo)
         self.conninfo = make_conninfo(base_conninfo, dbname=entry.data, user=entry.user)
         self.base_for_sessions = make_conninfo(base_conninfo, dbname=entry.data)
         self.table = sql.Identifier(entry.schema, entry.table)
@@ -358,7 +371,9 @@ class Scheduler:
         backoff = Backoff()
         while not self.stopping:
             try:
-                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(make_conninfo(
+                        self.conninfo, application_name=f"pgtask listen {self.entry.schema} {self.entry.table}"),
+                        autocommit=True) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     backoff.reset()
                     self.wake.set()  # a (re)connected listener triggers an immediate claim pass
