@@ -199,9 +199,12 @@ async def execute(sched: Scheduler, task: Task) -> None:
                                                           statement=task.input))
                 return
             done += 1
-            await sched.finish(task, output, error)
             finished = task
+            # The next task of the group is claimed before this one is finished, so the group never
+            # looks idle in between (the C worker holds its group slot for its whole life): a claim
+            # pass of the scheduler cannot start a second connection for the group meanwhile.
             task = await sched.next_of_group(finished, spawner_max, done, born)
+            await sched.finish(finished, output, error)
             if task is not None and not finished.save and remote is not None:
                 err = await _discard(remote)
                 if err is not None:

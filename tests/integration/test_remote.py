@@ -296,31 +296,28 @@ def test_reuse_with_count_discard_and_save(db, service, far):
     dsn, _ = far
     probe = "SELECT to_regclass('pg_temp.tmp') IS NOT NULL, current_setting('my.x', true), pg_backend_pid()"
     setup = "CREATE TEMP TABLE tmp (x int); SET my.x = 'kept'"
+    sleepy = "SELECT pg_backend_pid() FROM pg_sleep(1.2)"
     # Inserted in one transaction: one connection takes the first and then the others (count = 3).
     with db.connect() as conn, conn.transaction():
         ids = [conn.execute("INSERT INTO task (input, remote, \"group\", count, save, timeout) "
                             "VALUES (%s, %s, %s, 3, %s, %s) RETURNING id", params).fetchone()[0]
-               for params in ((setup, dsn, "discard", False, "1 s"), (probe, dsn, "discard", False, "0"),
-                              (probe, dsn, "discard", False, "0"),
+               for params in ((setup, dsn, "discard", False, "1 s"), (probe, dsn, "discard", False, "1 s"),
+                              (sleepy, dsn, "discard", False, "0"), (probe, dsn, "discard", False, "0"),
                               (setup, dsn, "save", True, "0"), (probe, dsn, "save", False, "0"))]
-        slow = conn.execute("INSERT INTO task (input, remote, \"group\", count) VALUES "
-                            "('SELECT pg_sleep(1.2)', %s, 'discard', 3) RETURNING id", (dsn,)).fetchone()[0]
     rows = [db.wait_state(i) for i in ids]
     assert all(r["state"] == "DONE" for r in rows), [r["error"] for r in rows]
     # DISCARD ALL between tasks (save = false): temp table and settings gone (a placeholder
     # setting once SET reads '' after RESET ALL)
-    assert rows[1]["output"].split("\n")[1].split("\t")[:2] == ["f", ""]
-    # save = true: the next task sees them
-    assert rows[4]["output"].split("\n")[1].split("\t")[:2] == ["t", "kept"]
-    # the same remote backend ran every task of a group, within count
-    discard_pids = {r["pid"] for r in rows[:3]}
-    assert len(discard_pids) == 1 and rows[1]["output"].endswith(str(rows[1]["pid"]))
-    assert rows[3]["pid"] == rows[4]["pid"] and rows[3]["pid"] not in discard_pids
-    # count = 3: the fourth task of the group got a new connection; and a previous task's
-    # statement_timeout (1 s) never leaks into a task with none
-    row = db.wait_state(slow)
-    assert row["state"] == "DONE", row["error"]
-    assert row["pid"] not in discard_pids
+    assert rows[1]["output"].split("\n")[1].split("\t") == ["f", "", str(rows[1]["pid"])]
+    # the same remote backend ran the first three tasks of the group (count = 3), and the 1 s
+    # statement_timeout of the tasks before did not leak into the third (RESET "statement_timeout")
+    assert rows[0]["pid"] == rows[1]["pid"] == rows[2]["pid"] == int(rows[2]["output"])
+    # the fourth got a new connection
+    assert rows[3]["pid"] != rows[0]["pid"]
+    assert rows[3]["output"].split("\n")[1].split("\t") == ["f", "\\N", str(rows[3]["pid"])]
+    # save = true: the next task on the connection sees the temp table and the setting
+    assert rows[4]["pid"] == rows[5]["pid"]
+    assert rows[5]["output"].split("\n")[1].split("\t") == ["t", "kept", str(rows[5]["pid"])]
 
 
 def test_no_reuse_without_count(db, service, far):
