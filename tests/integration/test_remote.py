@@ -246,11 +246,12 @@ def test_stop_cancels_running_remote_task(db, service, far):
 
 @pytest.fixture
 def alice(db):
-    """A local non-superuser who may insert tasks; her connection."""
-    db.execute("CREATE ROLE alice LOGIN")
-    db.execute("GRANT INSERT, SELECT ON task TO alice")
-    db.execute("GRANT USAGE ON SEQUENCE task_id_seq TO alice")
-    conn = db.connect("alice")
+    """A local non-superuser who may insert tasks (roles are cluster-wide: a name per test)."""
+    role = f"alice_{db.name}"
+    db.execute(f"CREATE ROLE {role} LOGIN")
+    db.execute(f"GRANT INSERT, SELECT ON task TO {role}")
+    db.execute(f"GRANT USAGE ON SEQUENCE task_id_seq TO {role}")
+    conn = db.connect(role)
     yield conn
     conn.close()
 
@@ -269,7 +270,7 @@ def test_password_rule(db, service, far, scram, alice):
     superuser = db.insert("SELECT current_user", remote=dsn)
 
     row = db.wait_state(no_keyword)
-    assert (row["state"], row["user"], row["start"]) == ("FAIL", "alice", None)
+    assert (row["state"], row["user"], row["start"]) == ("FAIL", alice.info.user, None)
     assert row["error"] == ("ERROR:  password is required\n"
                             "DETAIL:  Non-superusers must provide a password in the connection string.")
     row = db.wait_state(not_used)
