@@ -106,7 +106,8 @@ class _WithContext:
 
 
 def _error(res: pq.abc.PGresult, input_text: str, encoding: str) -> str:
-    return format_error(_WithContext(res, input_text, encoding), input_text, encoding)  # type: ignore[arg-type]
+    with_context = _WithContext(res, input_text, encoding)
+    return format_error(with_context, input_text, encoding)  # type: ignore[arg-type]
 
 
 async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str) -> str | None:

@@ -7,7 +7,6 @@ rule a second cluster of our own that asks TCP clients for a SCRAM password.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import tempfile
 import time
@@ -122,8 +121,8 @@ def test_copy_both_refused(db, service, scram):
         assert row["error"].endswith("STATEMENT:  START_REPLICATION SLOT both LOGICAL 0/0")
     finally:
         with psycopg.connect(scram.conninfo(), autocommit=True) as conn:
-            wait_for(lambda: conn.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'both'")
-                     .fetchone()[0], message="slot released")
+            wait_for(lambda: conn.execute("SELECT NOT active FROM pg_replication_slots "
+                                          "WHERE slot_name = 'both'").fetchone()[0], message="slot released")
             conn.execute("SELECT pg_drop_replication_slot('both')")
 
 
@@ -200,14 +199,16 @@ def black_hole():
 def test_unreachable_host_fails_within_connect_timeout(db, service, black_hole):
     refused_port = _free_port()
     t0 = time.monotonic()
-    hole = db.insert("SELECT 1", remote=f"host=127.0.0.1 port={black_hole} user=x password=y connect_timeout=2")
+    hole = db.insert("SELECT 1",
+                     remote=f"host=127.0.0.1 port={black_hole} user=x password=y connect_timeout=2")
     default = db.insert("SELECT 1", remote=f"host=127.0.0.1 port={black_hole} user=x password=y")
     refused = db.insert("SELECT 1", remote=f"host=127.0.0.1 port={refused_port} user=x password=y")
 
     row = db.wait_state(refused)
     assert row["state"] == "FAIL" and row["start"] is None
-    assert row["error"].startswith("ERROR:  PQconnectPoll failed\nDETAIL:  connection to server at "
-                                   f'"127.0.0.1", port {refused_port} failed: Connection refused'), row["error"]
+    assert row["error"].startswith(
+        "ERROR:  PQconnectPoll failed\nDETAIL:  connection to server at "
+        f'"127.0.0.1", port {refused_port} failed: Connection refused'), row["error"]
 
     row = db.wait_state(hole, timeout=10)
     took = time.monotonic() - t0
@@ -275,14 +276,16 @@ def test_password_rule(db, service, far, scram, alice):
                             "DETAIL:  Non-superusers must provide a password in the connection string.")
     row = db.wait_state(not_used)
     assert (row["state"], row["start"]) == ("FAIL", None)
-    assert row["error"] == ("ERROR:  password is required\n"
-                            "DETAIL:  Non-superuser cannot connect if the server does not request a password.\n"
-                            "HINT:  Target server's authentication method must be changed.")
+    assert row["error"] == (
+        "ERROR:  password is required\n"
+        "DETAIL:  Non-superuser cannot connect if the server does not request a password.\n"
+        "HINT:  Target server's authentication method must be changed.")
     row = db.wait_state(with_password)
     assert (row["state"], row["output"], row["error"]) == ("DONE", "bob", None)
     row = db.wait_state(wrong_password)
     assert row["state"] == "FAIL"
-    assert row["error"].startswith("ERROR:  PQconnectPoll failed\nDETAIL:  connection to server at "), row["error"]
+    assert row["error"].startswith("ERROR:  PQconnectPoll failed\n"
+                                   "DETAIL:  connection to server at "), row["error"]
     assert 'password authentication failed for user "bob"' in row["error"]
     row = db.wait_state(superuser)
     assert (row["state"], row["user"], row["output"]) == ("DONE", "postgres", "postgres")

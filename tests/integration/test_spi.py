@@ -38,13 +38,16 @@ def test_restriction_table_local(db, service):
     assert (rows["multi"]["output"], rows["multi"]["error"]) == (MULTI_OUTPUT, None)
     assert rows["copy_out"]["error"] == ("ERROR:  COPY TO STDOUT is not supported\n"
                                          "STATEMENT:  INSERT INTO t VALUES (100); COPY (SELECT 1) TO STDOUT")
-    assert rows["copy_in"]["error"] == "ERROR:  COPY FROM STDIN is not supported\nSTATEMENT:  COPY t FROM STDIN"
+    assert rows["copy_in"]["error"] == ("ERROR:  COPY FROM STDIN is not supported\n"
+                                        "STATEMENT:  COPY t FROM STDIN")
     assert (rows["program"]["output"], rows["program"]["error"]) == ("COPY 1", None)
     assert (rows["file"]["output"], rows["file"]["error"], rows["_file"]) == ("COPY 1", None, True)
-    assert (rows["tx"]["output"], rows["tx"]["error"]) == ("BEGIN\nINSERT 0 1\nCOMMIT\nBEGIN\nINSERT 0 1", None)
+    assert (rows["tx"]["output"], rows["tx"]["error"]) == (
+        "BEGIN\nINSERT 0 1\nCOMMIT\nBEGIN\nINSERT 0 1", None)
     assert rows["savepoint"]["state"] == "FAIL"  # a SAVEPOINT outside a block is the server's error
     assert (rows["ddl"]["output"], rows["ddl"]["error"]) == ("CREATE TABLE\nALTER TABLE\nDROP TABLE", None)
-    assert rows["atomic"]["error"] == "ERROR:  division by zero\nSTATEMENT:  INSERT INTO t VALUES (4); SELECT 1/0"
+    assert rows["atomic"]["error"] == ("ERROR:  division by zero\n"
+                                       "STATEMENT:  INSERT INTO t VALUES (4); SELECT 1/0")
     # the dangling BEGIN was committed; the failed implicit transaction rolled back
     assert rows["_t"] == [1, 2, 7]
 
@@ -70,7 +73,8 @@ def test_restriction_table_spi(db, service_factory):
         assert rows[key]["error"].startswith("ERROR:  SPI_ERROR_COPY\nSTATEMENT:  COPY "), rows[key]["error"]
     assert rows["_file"] is False  # nothing was written
     # transaction control: SPI_ERROR_TRANSACTION, at the first such statement
-    assert (rows["tx"]["output"], rows["tx"]["error"]) == ("", f"ERROR:  SPI_ERROR_TRANSACTION\nSTATEMENT:  {TABLE['tx']}")
+    assert (rows["tx"]["output"], rows["tx"]["error"]) == (
+        "", f"ERROR:  SPI_ERROR_TRANSACTION\nSTATEMENT:  {TABLE['tx']}")
     assert (rows["savepoint"]["output"], rows["savepoint"]["error"]) == (
         "INSERT 0 1", f"ERROR:  SPI_ERROR_TRANSACTION\nSTATEMENT:  {TABLE['savepoint']}")
     # DDL is fine
@@ -90,12 +94,13 @@ def test_spi_is_atomic_where_local_is_not(db, service_factory):
     spi_on(db)
     service_factory(db.name)
     db.execute("CREATE TABLE t (x int)")
-    row = db.wait_state(db.insert("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); SELECT count(*) FROM t"))
+    row = db.wait_state(db.insert("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); "
+                                  "SELECT count(*) FROM t"))
     assert (row["state"], row["output"]) == ("DONE", "INSERT 0 1\nINSERT 0 1\n2")
     row = db.wait_state(db.insert("INSERT INTO t VALUES (3); VACUUM t"))
     assert row["state"] == "FAIL"
-    assert row["error"].startswith("ERROR:  VACUUM cannot run inside a transaction block\nCONTEXT:  SQL statement"), \
-        row["error"]
+    assert row["error"].startswith("ERROR:  VACUUM cannot run inside a transaction block\n"
+                                   "CONTEXT:  SQL statement"), row["error"]
     assert db.value("SELECT count(*) FROM t") == 2
     # a syntax error anywhere: nothing runs
     row = db.wait_state(db.insert("INSERT INTO t VALUES (4); SELEC 1"))
@@ -147,7 +152,8 @@ def test_role_setting_and_bad_value(db, service_factory, execute_as):
         ids = {}
         for name, role in (("carol", carol), ("dave", dave), ("erin", erin)):
             with db.connect(role) as conn:
-                ids[name] = conn.execute("INSERT INTO task (input) VALUES (%s) RETURNING id", (copy,)).fetchone()[0]
+                ids[name] = conn.execute("INSERT INTO task (input) VALUES (%s) RETURNING id",
+                                         (copy,)).fetchone()[0]
         rows = {name: db.wait_state(i) for name, i in ids.items()}
         assert rows["carol"]["error"] == f"ERROR:  SPI_ERROR_COPY\nSTATEMENT:  {copy}"
         assert rows["dave"]["error"] == f"ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  {copy}"
