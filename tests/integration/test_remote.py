@@ -361,3 +361,18 @@ def test_200_concurrent_remote_tasks(db, service, far):
     assert took < 10, took
     assert threads < 20, threads  # no thread per task
     assert db.value("SELECT count(DISTINCT pid) FROM task") == n
+
+
+def test_sigterm_cancels_remote_tasks_after_grace(db, service, far):
+    """SIGTERM: running remote tasks get the grace period (5 s in tests), then are cancelled on the
+    remote server and recorded; the service exits."""
+    dsn, fconn = far
+    i = db.insert("SELECT pg_sleep(60)", remote=dsn)
+    pid = db.wait_state(i, states=("WORK",))["pid"]
+    t0 = time.monotonic()
+    assert service.stop(timeout=30) == 0
+    assert time.monotonic() - t0 < 15
+    row = db.task(i)
+    assert (row["state"], row["error"]) == (
+        "FAIL", "ERROR:  canceling statement due to user request\nSTATEMENT:  SELECT pg_sleep(60)")
+    wait_for(lambda: remote_activity(fconn, pid) is None, message="remote connection closed")
