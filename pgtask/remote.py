@@ -199,12 +199,20 @@ async def execute(sched: Scheduler, task: Task) -> None:
                                                           statement=task.input))
                 return
             done += 1
+            if task.id in sched.drain_cancelled:
+                # cancelled by SIGTERM's grace deadline, not by the task: it runs again later
+                await sched.requeue(task)
+                return
             finished = task
-            # The next task of the group is claimed before this one is finished, so the group never
-            # looks idle in between (the C worker holds its group slot for its whole life): a claim
-            # pass of the scheduler cannot start a second connection for the group meanwhile.
-            task = await sched.next_of_group(finished, spawner_max, done, born)
-            await sched.finish(finished, output, error)
+            if task.max >= 0 and (task.count > 0 or task.live_s > 0):
+                # Finish and take the group's next task under the control lock, so a claim pass
+                # cannot hand that task to another connection in between (the manual's task_live).
+                async with sched.control_lock:
+                    await sched.finish(finished, output, error)
+                    task = await sched.next_of_group(finished, spawner_max, done, born)
+            else:
+                await sched.finish(finished, output, error)
+                task = None
             if task is not None and not finished.save and remote is not None:
                 err = await _discard(remote)
                 if err is not None:
