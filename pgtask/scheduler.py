@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import provision
+from . import provision, remote
 from . import sql as named
 from .config import Entry
 from .executor import Session, SessionPool, Task, run_input
@@ -223,11 +223,11 @@ class Scheduler:
         done = 0
         born = None
         spawner_max = task.max
+        if task.remote is not None:
+            await remote.execute(self, task)  # its own connection, driven on this event loop
+            return
         try:
             while task is not None:
-                if task.remote is not None:
-                    await self.finish(task, "", simple_error("remote tasks are not supported yet"))
-                    return
                 if session is None:
                     try:
                         session = await self.sessions.get(task.user, f"pg_task {self.entry.schema} "
@@ -242,7 +242,7 @@ class Scheduler:
                     return
                 try:
                     output, error = await run_input(session, task, self.entry.schema, self.entry.table,
-                                                    self.oid, self.options.output_limit)
+                                                    self.oid, self.options.output_limit, spi=self.entry.spi)
                 except psycopg.OperationalError as exc:
                     log.warning("task %s: executor connection lost (%s); it will run again", task.id,
                                 str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
