@@ -115,8 +115,9 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         UPDATE {groups} g SET "capacity" = g."capacity" WHERE g."group" = NEW."group";
     END IF;
-    SELECT count(*) INTO live FROM {table} t
-    WHERE t."group" = NEW."group" AND t."state" IN ('PLAN', 'TAKE', 'WORK');
+    -- counting stops at the capacity: the cost is bounded by the limit, not by the backlog
+    SELECT count(*) INTO live FROM (SELECT FROM {table} t
+        WHERE t."group" = NEW."group" AND t."state" IN ('PLAN', 'TAKE', 'WORK') LIMIT cap) x;
     IF live >= cap THEN
         RAISE EXCEPTION 'group "%" is full: capacity %', NEW."group", cap
             USING ERRCODE = 'PT001',
@@ -202,11 +203,21 @@ $body$
 
 -- schedule_guard --
 -- BEFORE INSERT OR UPDATE on the schedule table: "user" is the inserting role unless that role is
--- a member of the role it names; a new schedule, a changed expression or time zone, or a resume
+-- a member of the role it names; only members of a schedule's role may change what it runs; a new schedule, a changed expression or time zone, or a resume
 -- makes the service recompute the cursor from now (no runs for the past).
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
+    IF TG_OP = 'UPDATE' AND NOT pg_has_role(current_user, OLD."user", 'MEMBER') AND
+       (NEW."name", NEW."cron", NEW."timezone", NEW."input", NEW."columns", NEW."misfire", NEW."catchup",
+        NEW."grace", NEW."overlap", NEW."paused", NEW."user")
+       IS DISTINCT FROM
+       (OLD."name", OLD."cron", OLD."timezone", OLD."input", OLD."columns", OLD."misfire", OLD."catchup",
+        OLD."grace", OLD."overlap", OLD."paused", OLD."user") THEN
+        RAISE EXCEPTION 'permission denied to change schedule "%" of role %', OLD."name", OLD."user"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only members of the role a schedule runs as may change it.';
+    END IF;
     IF TG_OP = 'INSERT' OR NEW."user" IS DISTINCT FROM OLD."user" THEN
         IF NEW."user" IS NULL OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
            OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN

@@ -306,3 +306,18 @@ def test_service_runs_a_schedule_to_done(db, service_factory):
     db.execute("UPDATE task_schedule SET paused = true")
     assert db.value("SELECT count(DISTINCT plan) FROM task") == db.value("SELECT count(*) FROM task")
     assert "schedule occurrence" in svc.output()
+
+
+def test_only_members_of_its_role_change_a_schedule(db):
+    db.execute("CREATE ROLE dave LOGIN; CREATE ROLE erin LOGIN")
+    db.execute("GRANT ALL ON task_schedule TO dave, erin; GRANT ALL ON SEQUENCE task_schedule_id_seq TO dave, erin")
+    with db.connect(user="dave") as conn:
+        conn.execute("""INSERT INTO task_schedule (name, cron, input, "user") VALUES ('d', '@daily', 'SELECT 1', 'postgres')""")
+    assert sched(db, "d")["user"] == "dave"      # not a member of postgres: its own role
+    with db.connect(user="erin") as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE task_schedule SET input = 'SELECT 2' WHERE name = 'd'")
+    with db.connect(user="dave") as conn:
+        conn.execute("UPDATE task_schedule SET paused = true WHERE name = 'd'")
+    materialise(db, T0)    # the service (another role) updates its own columns freely
+    assert sched(db, "d")["preview"]
