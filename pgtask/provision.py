@@ -342,6 +342,9 @@ class TableProvisioner:
             if await self._relation(rel) is None:
                 await c.execute(q(f"create_{kind}"))
                 await c.execute(q(f"comment_{kind}"))
+                if self.owner:  # provisioning on behalf of the entry's role: it owns these too
+                    await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                        ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
             rel = _ident_name(f"{self.table}_{suffix}")
@@ -356,6 +359,9 @@ class TableProvisioner:
                 WHERE n.nspname = %s AND p.proname = %s""", (self.schema, fn_name))
             if row is None or row[0] != body:
                 await c.execute(create_fn)
+                if self.owner and row is None:
+                    await c.execute(sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(
+                        sql.Identifier(self.schema, fn_name), sql.Identifier(self.owner)))
                 self.report.add(f"{'created' if row is None else 'replaced'} function {self.schema}.{fn_name}")
             if trigger_on is None:
                 continue

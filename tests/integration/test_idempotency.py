@@ -132,8 +132,8 @@ def test_key_retention_setting(db):
 
 
 def test_task_user_is_the_caller(db):
-    db.execute("CREATE ROLE alice LOGIN")
-    db.execute("GRANT ALL ON task, task_key TO alice; GRANT USAGE ON SEQUENCE task_id_seq TO alice")
-    with db.connect(user="alice") as conn:
+    db.execute("CREATE ROLE idem_alice LOGIN")
+    db.execute("GRANT ALL ON task, task_key TO idem_alice; GRANT USAGE ON SEQUENCE task_id_seq TO idem_alice")
+    with db.connect(user="idem_alice") as conn:
         tid, created = conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'x', '{\"user\": \"postgres\"}')").fetchone()
-    assert created and db.task(tid)["user"] == "alice"
+    assert created and db.task(tid)["user"] == "idem_alice"

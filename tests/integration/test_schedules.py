@@ -55,15 +55,15 @@ def test_new_schedule_gets_cursor_and_preview(db):
 
 
 def test_due_occurrence_becomes_one_task(db):
-    db.execute("CREATE ROLE bob LOGIN")
+    db.execute("CREATE ROLE sched_bob LOGIN")
     add(db, cron="0 * * * *", columns=psycopg.types.json.Jsonb({"group": "reports", "timeout": "1 min"}),
-        user="bob")
+        user="sched_bob")
     materialise(db, T0)
     r = materialise(db, T0 + timedelta(hours=1))   # 13:00:30: 13:00 is due
     assert len(r.created) == 1
     task = db.task(r.created[0][0])
     assert task["plan"] == datetime(2026, 6, 1, 13, tzinfo=UTC) and task["group"] == "reports"
-    assert task["user"] == "bob" and str(task["timeout"]) == "0:01:00" and task["input"] == "SELECT 1"
+    assert task["user"] == "sched_bob" and str(task["timeout"]) == "0:01:00" and task["input"] == "SELECT 1"
     s = sched(db)
     assert s["cursor"] == task["plan"] and s["next_run"] == datetime(2026, 6, 1, 14, tzinfo=UTC)
     assert s["last_task"] == task["id"]
@@ -281,19 +281,19 @@ def test_full_group_keeps_the_occurrence_at_the_cursor(db):
 
 
 def test_schedule_of_a_role_the_service_cannot_act_as(db):
-    db.execute("CREATE ROLE svc LOGIN; CREATE ROLE carol LOGIN")
-    db.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO svc; GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO svc")
-    add(db, user="carol")
-    assert sched(db)["user"] == "carol"   # inserted by a superuser
+    db.execute("CREATE ROLE sched_svc LOGIN; CREATE ROLE sched_carol LOGIN")
+    db.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO sched_svc; GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO sched_svc")
+    add(db, user="sched_carol")
+    assert sched(db)["user"] == "sched_carol"   # inserted by a superuser
     m = Materialiser("public", "task")
 
     async def go(now):
-        async with await psycopg.AsyncConnection.connect(db.dsn, user="svc", autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(db.dsn, user="sched_svc", autocommit=True) as conn:
             return await m.run_once(conn, now)
     asyncio.run(go(T0))
     r = asyncio.run(go(T0 + timedelta(hours=1)))
     assert r.failed == 1 and db.value("SELECT count(*) FROM task") == 0
-    assert "cannot insert tasks as role 'carol'" in sched(db)["error"]
+    assert "cannot insert tasks as role 'sched_carol'" in sched(db)["error"]
 
 
 def test_service_runs_a_schedule_to_done(db, service_factory):
@@ -309,15 +309,15 @@ def test_service_runs_a_schedule_to_done(db, service_factory):
 
 
 def test_only_members_of_its_role_change_a_schedule(db):
-    db.execute("CREATE ROLE dave LOGIN; CREATE ROLE erin LOGIN")
-    db.execute("GRANT ALL ON task_schedule TO dave, erin; GRANT ALL ON SEQUENCE task_schedule_id_seq TO dave, erin")
-    with db.connect(user="dave") as conn:
+    db.execute("CREATE ROLE sched_dave LOGIN; CREATE ROLE sched_erin LOGIN")
+    db.execute("GRANT ALL ON task_schedule TO sched_dave, sched_erin; GRANT ALL ON SEQUENCE task_schedule_id_seq TO sched_dave, sched_erin")
+    with db.connect(user="sched_dave") as conn:
         conn.execute("""INSERT INTO task_schedule (name, cron, input, "user") VALUES ('d', '@daily', 'SELECT 1', 'postgres')""")
-    assert sched(db, "d")["user"] == "dave"      # not a member of postgres: its own role
-    with db.connect(user="erin") as conn:
+    assert sched(db, "d")["user"] == "sched_dave"      # not a member of postgres: its own role
+    with db.connect(user="sched_erin") as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE task_schedule SET input = 'SELECT 2' WHERE name = 'd'")
-    with db.connect(user="dave") as conn:
+    with db.connect(user="sched_dave") as conn:
         conn.execute("UPDATE task_schedule SET paused = true WHERE name = 'd'")
     materialise(db, T0)    # the service (another role) updates its own columns freely
     assert sched(db, "d")["preview"]
