@@ -13,7 +13,8 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -25,6 +26,7 @@ from . import provision, remote
 from . import sql as named
 from .config import Entry
 from .executor import Session, SessionPool, Task, run_input
+from .maintenance import Maintenance, MaintenanceOptions
 from .output import simple_error
 
 log = logging.getLogger("pgtask.scheduler")
@@ -44,6 +46,7 @@ class Options:
     output_limit: int
     execute_as: str
     grace: float
+    maintenance: dict[str, Any] = field(default_factory=dict)  # config.MAINTENANCE_KEYS
 
 
 def with_liveness(conninfo: str) -> str:
@@ -95,6 +98,8 @@ class Scheduler:
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
         self._queries: dict[str, sql.Composed] = {}
+        self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
+                                       MaintenanceOptions.from_service(options.maintenance), entry.label())
 
     # -- queries -------------------------------------------------------------------------------
     def q(self, name: str) -> sql.Composed:
@@ -159,6 +164,8 @@ class Scheduler:
     async def run(self) -> None:
         await self.start()
         listener = asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")
+        # schedules, retention, key expiry: their own connection and timers, never in the claim path
+        maintenance = asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}")
         self.ready.set()
         last_reset = time.monotonic()
         try:
@@ -190,7 +197,8 @@ class Scheduler:
                 self.wake.clear()
         finally:
             listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+            maintenance.cancel()
+            await asyncio.gather(listener, maintenance, return_exceptions=True)
 
     async def claim_pass(self) -> tuple[int, float | None, bool]:
         conn = self.control
@@ -380,6 +388,8 @@ class Scheduler:
                     async for note in conn.notifies():
                         if note.payload.startswith("stop "):
                             await self.cancel(int(note.payload[5:]))
+                        elif note.payload == "schedule":
+                            self.maintenance.poke()
                         self.wake.set()
             except psycopg.OperationalError as exc:
                 delay = backoff.next()
