@@ -72,8 +72,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "embedded_dir": (str, ""),       # where the embedded cluster lives ("" = ./.pgtask)
     "embedded_port": (int, 5432),
     "output_limit": (int, 8 * 1024 * 1024),  # characters of output kept per task; the rest is cut
-    "execute_as": (str, "login"),    # login | set_role: how a local task takes its author's role
-    "reconcile": (float, 0.0),       # seconds between authoritative polls when idle (0 = pg_task.sleep)
+    "execute_as": (str, "auto"),     # auto | login | set_role: how a local task takes its author's role
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)
     "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
@@ -223,8 +222,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                     v = float(v)
                 if not isinstance(v, want) or isinstance(v, bool):
                     raise ConfigError(f"pgtask.{key}: expected {want.__name__}, got {v!r}")
-                if key == "execute_as" and v not in ("login", "set_role"):
-                    raise ConfigError(f"pgtask.execute_as: expected 'login' or 'set_role', got {v!r}")
+                if key == "execute_as" and v not in ("auto", "login", "set_role"):
+                    raise ConfigError(f"pgtask.execute_as: expected 'auto', 'login' or 'set_role', got {v!r}")
                 cfg.service[key] = v
         elif top in ("pg_task", "pg_conf", "pg_work"):
             if not isinstance(value, dict):

@@ -128,7 +128,7 @@ FROM s WHERE t."id" = s."id" RETURNING t."id"
 -- next --
 -- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
-                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp())
+                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                           - statement_timestamp())::float8,
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
 
