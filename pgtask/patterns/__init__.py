@@ -70,6 +70,10 @@ PATTERNS: dict[str, Pattern] = {p.name: p for p in [
 ]}
 
 
+# Files of queries only (no install): the operations notebooks' SQL.
+QUERY_FILES = ("inspect", "maintenance")
+
+
 @dataclass(frozen=True)
 class Section:
     kind: str
@@ -80,7 +84,7 @@ class Section:
 @cache
 def sections(pattern: str) -> tuple[Section, ...]:
     """The sections of a pattern's SQL file, in file order."""
-    if pattern not in PATTERNS:
+    if pattern not in PATTERNS and pattern not in QUERY_FILES:
         raise KeyError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     text = resources.files(__package__).joinpath(f"{pattern}.sql").read_text()
     parts = _HEADER.split(text)
@@ -94,7 +98,7 @@ def sections(pattern: str) -> tuple[Section, ...]:
 
 
 def options(pattern: str, table: str, given: dict | None = None) -> dict[str, object]:
-    p = PATTERNS[pattern]
+    p = PATTERNS.get(pattern) or Pattern(pattern, pattern)
     unknown = set(given or {}) - set(p.options)
     if unknown:
         raise TypeError(f"pattern {pattern} has no option {', '.join(sorted(unknown))}; "
@@ -157,11 +161,12 @@ def render(text: str, schema: str, table: str, opts: dict | None = None, extra: 
     return _PLACEHOLDER.sub(one, text)
 
 
-def query(pattern: str, name: str, schema: str = "public", table: str = "task", **opts) -> str:
+def query(pattern: str, name: str, schema: str = "public", table: str = "task", extra: dict | None = None,
+          **opts) -> str:
     """A ``query`` section, rendered (it may still hold ``%(param)s`` parameters)."""
     for s in sections(pattern):
         if s.kind == "query" and s.name == name:
-            return render(s.text, schema, table, options(pattern, table, opts))
+            return render(s.text, schema, table, options(pattern, table, opts), extra)
     raise KeyError(f"pattern {pattern} has no query {name}")
 
 
