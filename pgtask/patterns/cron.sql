@@ -6,7 +6,7 @@
 -- function cron_field --
 -- One field (*, a-b, */n, a-b/n, comma lists) -> the sorted array of matching values.
 CREATE OR REPLACE FUNCTION {fn_cron_field}(spec text, lo integer, hi integer) RETURNS integer[]
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $body$
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     part text; rng text; step integer; a integer; b integer; result integer[] := '{}';
 BEGIN
@@ -32,7 +32,7 @@ $body$
 -- The first minute after from_ts matching the expression (vixie-cron: when both day-of-month and
 -- day-of-week are restricted, a day matching either one matches).
 CREATE OR REPLACE FUNCTION {fn_cron_next}(expr text, from_ts timestamptz DEFAULT now()) RETURNS timestamptz
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $body$
+LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     fields text[] := regexp_split_to_array(btrim(expr), '\s+');
     min_set integer[]; hour_set integer[]; dom_set integer[]; mon_set integer[]; dow_set integer[];

@@ -10,6 +10,6 @@ WHERE "idem_key" IS NOT NULL AND "state" IN ('PLAN', 'TAKE', 'WORK')
 
 -- query enqueue --
 -- Insert unless a live task with this key exists; returns the new id, or no row for a duplicate.
-INSERT INTO {table} ("input", "idem_key") VALUES (%(input)s, %(idem_key)s)
+INSERT INTO {table} ("input", "idem_key", "data") VALUES (%(input)s, %(idem_key)s, %(data)s)
 ON CONFLICT ("idem_key") WHERE "idem_key" IS NOT NULL AND "state" IN ('PLAN', 'TAKE', 'WORK') DO NOTHING
 RETURNING "id"

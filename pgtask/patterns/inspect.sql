@@ -14,7 +14,7 @@ SELECT count(*) FILTER (WHERE "plan" <= statement_timestamp()) AS "due",
            AS "oldest_due_seconds",
        count(*) FILTER (WHERE "plan" > statement_timestamp() AND "plan" < 'infinity') AS "planned",
        count(*) FILTER (WHERE "plan" = 'infinity') AS "waiting",
-       min("plan") FILTER (WHERE "plan" > statement_timestamp()) AS "next_plan"
+       min("plan") FILTER (WHERE "plan" > statement_timestamp() AND "plan" < 'infinity') AS "next_plan"
 FROM {table} WHERE "state" = 'PLAN'
 
 -- query timings --

@@ -6,19 +6,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 
 from . import query
 from ..provision import Report
 
 
+class _TimestamptzLoader(TimestamptzLoader):
+    """'infinity' (a waiting child's plan) as datetime.max instead of an error."""
+
+    def load(self, data):
+        if bytes(data) == b"infinity":
+            return datetime.max.replace(tzinfo=timezone.utc)
+        if bytes(data) == b"-infinity":
+            return datetime.min.replace(tzinfo=timezone.utc)
+        return super().load(data)
+
+
 def connect(dsn: str) -> psycopg.Connection:
-    """An autocommit connection (``dsn`` is a libpq string; '' means libpq's environment: PGHOST, …)."""
-    return psycopg.connect(dsn, autocommit=True)
+    """An autocommit connection (``dsn`` is a libpq string; '' means libpq's environment: PGHOST, …).
+    Timestamps 'infinity'/'-infinity' load as datetime.max/min (UTC)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.adapters.register_loader("timestamptz", _TimestamptzLoader)
+    return conn
 
 
 def engine(dsn: str):
@@ -91,11 +107,12 @@ def rows(conn: psycopg.Connection, text, params=None) -> list[dict]:
 
 
 def tasks(conn: psycopg.Connection, schema: str, table: str, where: str, params=None,
-          columns: str = '"id", "parent", "state"::text AS "state", "plan", "start", "stop", "output", "error"'
-          ) -> list[dict]:
+          columns: str = '"id", "parent", "state"::text AS "state", "plan", "start", "stop", "output", "error"',
+          order: bool = True) -> list[dict]:
     """Rows of the task table: ``where`` is SQL over its columns (with %s / %(name)s parameters)."""
-    return rows(conn, sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY \"id\"").format(
-        sql.SQL(columns), sql.Identifier(schema, table), sql.SQL(where)), params)
+    return rows(conn, sql.SQL("SELECT {} FROM {} WHERE {}{}").format(
+        sql.SQL(columns), sql.Identifier(schema, table), sql.SQL(where),
+        sql.SQL(' ORDER BY "id"' if order else "")), params)
 
 
 FINAL = ("DONE", "FAIL", "GONE", "STOP")
