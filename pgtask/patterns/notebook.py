@@ -60,7 +60,7 @@ def _colon_params(text: str) -> str:
     import re
 
     text = re.sub(r"(?<!:):(?!:)", r"\\:", text)  # a lone ':' (not part of '::')
-    return re.sub(r"%\((\w+)\)s", r":\1", text).replace("%%", "%")
+    return re.sub(r"%\((\w+)\)s", r"(:\1)", text).replace("%%", "%")
 
 
 def table_oid(conn: psycopg.Connection, schema: str, table: str) -> int:

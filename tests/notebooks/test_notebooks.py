@@ -159,3 +159,67 @@ def test_install_only_without_a_service(db, run_notebook, name):
     """demo = False: installs and checks, no service needed."""
     nb = run_notebook(name, demo=False)
     assert "OK: installed" in outputs(nb)
+
+
+def test_queue_inspection(db, service, run_notebook, tmp_path):
+    """Read only: a seeded queue (done, failed, running long, planned) shows up in every table, and
+    the figure is drawn into the executed notebook and saved as a PNG."""
+    ids = [db.insert("SELECT pg_sleep(0.05)", group="reports") for _ in range(5)]
+    ids += [db.insert("SELECT 1/0", group="imports"), db.insert("SELECT * FROM missing_table", group="imports")]
+    slow = db.insert("SELECT pg_sleep(30)", group="slow")
+    db.execute("INSERT INTO task (plan, input) VALUES (now() + '1 hour', 'SELECT 1')")
+    for i in ids:
+        db.wait_state(i)
+    db.wait_state(slow, ("WORK",))
+    before = snapshot(db.conn, "public", "task")
+    png = tmp_path / "queue.png"
+    nb = run_notebook("queue_inspection", since="1 hour", bucket="1 minute", stuck_after="0.1 seconds",
+                      figure_path=str(png))
+    text = outputs(nb)
+    assert "OK: 9 tasks; 0 due; 2 failures in the last 1 hour; 1 stuck, 0 of them orphaned" in text, text
+    assert "division by zero" in text and "relation \"missing_table\" does not exist" in text
+    assert png.stat().st_size > 10_000
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 1
+    assert snapshot(db.conn, "public", "task") == before  # read only
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (slow,))
+
+
+def test_maintenance(db, run_notebook):
+    """No service (so orphans stay orphaned): a dry run changes nothing; a real run resets the
+    orphans, purges old finished rows in batches into the archive, creates the partitions; a second
+    real run finds nothing to do."""
+    from pgtask import patterns
+    with db.connect() as conn:
+        patterns.install(conn, "partition")  # and the archive; its repeating task stays PLAN here
+    db.execute("INSERT INTO task (input, state) SELECT 'SELECT 1', 'TAKE' FROM generate_series(1, 2)")
+    db.execute("""INSERT INTO task (input, state, start, stop, output)
+        SELECT 'SELECT 1', s::state, now() - '8 days'::interval, now() - '8 days'::interval, '1'
+        FROM unnest(ARRAY['DONE', 'DONE', 'FAIL', 'GONE', 'STOP']) s""")
+    db.execute("INSERT INTO task (input, state, start, stop, output) VALUES ('SELECT 1', 'DONE', now(), now(), '1')")
+
+    def state():
+        return (db.execute("SELECT state::text, count(*) FROM task GROUP BY 1 ORDER BY 1"),
+                db.value("SELECT count(*) FROM task_archive"),
+                db.value("SELECT count(*) FROM pg_inherits WHERE inhparent = 'task_archive'::regclass"))
+
+    before = state()
+    nb = run_notebook("maintenance")  # dry_run = True by default
+    assert "OK: dry run, nothing changed" in outputs(nb)
+    assert "would reset 2 orphaned rows" in outputs(nb) and "would delete 5 rows" in outputs(nb)
+    assert state() == before
+
+    nb = run_notebook("maintenance", dry_run=False, batch_size=2)
+    text = outputs(nb)
+    assert "deleted 5 finished rows in 3 batches" in text and "OK: maintenance done" in text, text
+    rows, archived, partitions = state()
+    assert dict(rows) == {"PLAN": 3, "DONE": 1}  # 2 reset orphans + the partition task; the recent DONE
+    assert archived == 5 and partitions >= 3  # default + this month + next month
+
+    after = state()
+    catalog = snapshot(db.conn, "public", "task")
+    nb = run_notebook("maintenance", dry_run=False, batch_size=2)
+    text = outputs(nb)
+    assert "no orphaned rows" in text and "nothing to purge" in text and "nothing to change" in text, text
+    assert state() == after and snapshot(db.conn, "public", "task") == catalog
