@@ -1,0 +1,390 @@
+"""The manual's patterns, installable into any task table without Jupyter.
+
+Each pattern's SQL lives in ``<pattern>.sql`` beside this file, in sections headed
+``-- kind name --``:
+
+``column NAME``     ``ALTER TABLE … ADD COLUMN NAME …``, run when the table has no column NAME
+``function NAME``   ``CREATE OR REPLACE FUNCTION {fn_NAME}(…)``, kept only if the definition changed
+``trigger NAME``    ``CREATE TRIGGER {name_NAME} …``, created when missing, replaced when different
+``index NAME``      ``CREATE INDEX {name_NAME} …``, created when missing
+``table NAME``      ``CREATE TABLE {rel_NAME} …``, created when missing
+``sync NAME``       add to ``{rel_NAME}`` every column of the task table it lacks
+``task NAME``       a repeating task inserted once (its input is ``query NAME_input``… see partition.sql)
+``query NAME``      not installed: SQL for callers (``query(pattern, name, schema, table)``)
+
+Every object is named after the table (``task_retry``, ``task_archive``, …) and lives in its
+schema. Placeholders, filled in with quoted identifiers and literals:
+
+``{schema}`` ``{table}`` ``{state}``   the schema, ``schema.table``, ``schema.state``
+``{fn_X}`` ``{rel_X}``                 ``schema."table_X"`` (a function, a relation)
+``{name_X}``                           ``"table_X"`` (a trigger, an index, a constraint)
+``{q_X}`` ``{lit_X}``                  ``'schema."table_X"'`` and ``'table_X'`` as text literals
+``{schema_name}`` ``{table_name}``     the names as text literals
+``{opt_X}``                            the pattern option X as a literal
+
+``install()`` checks the catalogs before every step and returns what it changed: a second run
+changes nothing and returns an empty report. ``uninstall()`` undoes it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from ..provision import Report
+
+__all__ = ["PATTERNS", "Pattern", "Report", "install", "uninstall", "installed", "query", "render",
+           "script", "retry_until_success_input", "marker", "names"]
+
+KINDS = ("column", "function", "trigger", "index", "table", "sync", "task", "query")
+_HEADER = re.compile(r"^-- (" + "|".join(KINDS) + r") ([a-z_]+) --$", re.M)
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    title: str
+    options: dict[str, object] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+
+
+PATTERNS: dict[str, Pattern] = {p.name: p for p in [
+    Pattern("retry_until_success", "Retry until success"),
+    Pattern("retry_backoff", "Retry with exponential backoff"),
+    Pattern("depend", "Conditional launch on a parent task"),
+    Pattern("cron", "Cron-like scheduling"),
+    Pattern("notify", "Notifications on completion", {"channel": None}),  # None: "<table>_done"
+    Pattern("archive", "History/archive into a partitioned table"),
+    Pattern("partition", "Automatic partitioning via a repeating task",
+            {"lead": "1 month", "repeat": "1 day"}, requires=("archive",)),
+    Pattern("tags", "Structured tags (jsonb + GIN)"),
+    Pattern("idempotency", "Idempotency key"),
+    Pattern("trace", "OpenTelemetry trace propagation columns"),
+    Pattern("dry_run", "Dry-run validation"),
+]}
+
+
+# Files of queries only (no install): the operations notebooks' SQL.
+QUERY_FILES = ("inspect", "maintenance")
+
+
+@dataclass(frozen=True)
+class Section:
+    kind: str
+    name: str
+    text: str
+
+
+@cache
+def sections(pattern: str) -> tuple[Section, ...]:
+    """The sections of a pattern's SQL file, in file order."""
+    if pattern not in PATTERNS and pattern not in QUERY_FILES:
+        raise KeyError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    text = resources.files(__package__).joinpath(f"{pattern}.sql").read_text()
+    parts = _HEADER.split(text)
+    out = []
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3]):
+        lines = [line for line in body.strip().splitlines()]
+        while lines and lines[0].startswith("--"):  # the section's own comment
+            lines.pop(0)
+        out.append(Section(kind, name, "\n".join(lines).strip()))
+    return tuple(out)
+
+
+def options(pattern: str, table: str, given: dict | None = None) -> dict[str, object]:
+    p = PATTERNS.get(pattern) or Pattern(pattern, pattern)
+    unknown = set(given or {}) - set(p.options)
+    if unknown:
+        raise TypeError(f"pattern {pattern} has no option {', '.join(sorted(unknown))}; "
+                        f"options: {', '.join(p.options) or 'none'}")
+    opts = {**p.options, **(given or {})}
+    if pattern == "notify" and opts.get("channel") is None:
+        opts["channel"] = f"{table}_done"
+    return opts
+
+
+def names(table: str, suffix: str) -> str:
+    """The name of a pattern object: the table's name, an underscore, the suffix (63 bytes at most)."""
+    raw = f"{table}_{suffix}".encode()
+    return raw[:63].decode(errors="ignore")
+
+
+def marker(pattern: str, schema: str, table: str, name: str) -> str:
+    """The ``data`` of a task a pattern inserts, to find it again."""
+    return f"pgtask.patterns {pattern} {name} {schema}.{table}"
+
+
+def render(text: str, schema: str, table: str, opts: dict | None = None, extra: dict | None = None,
+           conn: psycopg.Connection | None = None) -> str:
+    """Fill in the placeholders of one section (see the module docstring)."""
+    opts, extra = opts or {}, extra or {}
+
+    def ident(*parts: str) -> str:
+        return sql.Identifier(*parts).as_string(conn)
+
+    def literal(value) -> str:
+        return sql.Literal(value).as_string(conn)
+
+    def one(m: re.Match) -> str:
+        key = m.group(1)
+        if key in extra:
+            return extra[key]
+        if key == "schema":
+            return ident(schema)
+        if key == "table":
+            return ident(schema, table)
+        if key == "state":
+            return ident(schema, "state")
+        if key == "schema_name":
+            return literal(schema)
+        if key == "table_name":
+            return literal(table)
+        prefix, _, rest = key.partition("_")
+        if prefix in ("fn", "rel") and rest:
+            return ident(schema, names(table, rest))
+        if prefix == "name" and rest:
+            return ident(names(table, rest))
+        if prefix == "q" and rest:
+            return literal(ident(schema, names(table, rest)))
+        if prefix == "lit" and rest:
+            return literal(names(table, rest))
+        if prefix == "opt" and rest in opts:
+            return literal(opts[rest])
+        raise KeyError(f"unknown placeholder {{{key}}}")
+
+    return _PLACEHOLDER.sub(one, text)
+
+
+def query(pattern: str, name: str, schema: str = "public", table: str = "task", extra: dict | None = None,
+          **opts) -> str:
+    """A ``query`` section, rendered (it may still hold ``%(param)s`` parameters)."""
+    for s in sections(pattern):
+        if s.kind == "query" and s.name == name:
+            return render(s.text, schema, table, options(pattern, table, opts), extra)
+    raise KeyError(f"pattern {pattern} has no query {name}")
+
+
+def retry_until_success_input(work: str, schema: str = "public", table: str = "task") -> str:
+    """The input of a "retry until success" task: ``work``, then the task cancels its own repeat."""
+    text = next(s.text for s in sections("retry_until_success") if s.name == "input")
+    body = work.strip().rstrip(";").strip()
+    return render(text, schema, table, extra={"work": body})
+
+
+def script(pattern: str, schema: str = "public", table: str = "task", **opts) -> str:
+    """Everything ``install`` may run, as one readable SQL script (for showing, not for running:
+    ``install`` checks the catalogs first and runs only what is missing)."""
+    o = options(pattern, table, opts)
+    out = []
+    for s in sections(pattern):
+        if s.kind in ("query", "sync"):
+            continue
+        extra = {}
+        if s.kind == "task":
+            extra = {"input": sql.Literal(query(pattern, f"{s.name}_input", schema, table, **opts)).as_string(None),
+                     "marker": sql.Literal(marker(pattern, schema, table, s.name)).as_string(None)}
+        out.append(f"-- {s.kind} {names(table, s.name) if s.kind != 'column' else s.name}\n"
+                   + render(s.text, schema, table, o, extra) + ";")
+    return "\n\n".join(out)
+
+
+# -- installing ------------------------------------------------------------------------------------
+
+def _one(conn: psycopg.Connection, query_text, params=()) -> tuple | None:
+    return conn.execute(query_text, params).fetchone()
+
+
+def _relation_oid(conn, schema: str, name: str) -> int | None:
+    row = _one(conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
+    return row[0] if row else None
+
+
+def _functions(conn, schema: str, name: str) -> dict[int, str]:
+    rows = conn.execute("""SELECT p.oid, pg_get_functiondef(p.oid) FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname = %s""",
+                        (schema, name)).fetchall()
+    return dict(rows)
+
+
+def _trigger(conn, table_oid: int, name: str) -> str | None:
+    row = _one(conn, "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s AND tgname = %s "
+                     "AND NOT tgisinternal", (table_oid, name))
+    return row[0] if row else None
+
+
+def _columns(conn, rel_oid: int) -> dict[str, str]:
+    rows = conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+        WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum""", (rel_oid,)).fetchall()
+    return dict(rows)
+
+
+class _Unchanged(Exception):
+    """Raised inside a savepoint to roll back a no-op CREATE OR REPLACE."""
+
+
+def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str, opts: dict,
+                 report: Report) -> None:
+    table_oid = _relation_oid(conn, schema, table)
+    if table_oid is None:
+        raise LookupError(f"no table {schema}.{table}: start pgtask (or run `pgtask provision`) first")
+    qualified = f"{schema}.{table}"
+    for s in sections(pattern):
+        obj = names(table, s.name)
+        if s.kind == "query":
+            continue
+        if s.kind == "column":
+            if s.name not in _columns(conn, table_oid):
+                conn.execute(render(s.text, schema, table, opts, conn=conn))
+                report.add(f"added column {s.name} to {qualified}")
+        elif s.kind in ("table", "index"):
+            if _relation_oid(conn, schema, obj) is None:
+                conn.execute(render(s.text, schema, table, opts, conn=conn))
+                report.add(f"created {s.kind} {schema}.{obj}")
+        elif s.kind == "sync":
+            _sync(conn, schema, table_oid, obj, report)
+        elif s.kind == "function":
+            before = _functions(conn, schema, obj)
+            text = render(s.text, schema, table, opts, conn=conn)
+            try:
+                with conn.transaction():
+                    conn.execute(text)
+                    if _functions(conn, schema, obj) == before:
+                        raise _Unchanged
+            except _Unchanged:
+                continue
+            report.add(f"{'replaced' if before else 'created'} function {schema}.{obj}")
+        elif s.kind == "trigger":
+            text = render(s.text, schema, table, opts, conn=conn)
+            before = _trigger(conn, table_oid, obj)
+            if before is None:
+                conn.execute(text)
+                report.add(f"created trigger {obj} on {qualified}")
+                continue
+            try:
+                with conn.transaction():
+                    conn.execute(text.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1))
+                    if _trigger(conn, table_oid, obj) == before:
+                        raise _Unchanged
+            except _Unchanged:
+                continue
+            report.add(f"replaced trigger {obj} on {qualified}")
+        elif s.kind == "task":
+            mark = marker(pattern, schema, table, s.name)
+            task_input = query(pattern, f"{s.name}_input", schema, table,
+                               **{k: v for k, v in opts.items() if k in PATTERNS[pattern].options})
+            ins = render(s.text, schema, table, opts, extra={
+                "input": sql.Literal(task_input).as_string(conn), "marker": sql.Literal(mark).as_string(conn)},
+                conn=conn)
+            live = conn.execute(sql.SQL("""SELECT "id", "state"::text, "input", "repeat" = {}::interval FROM {}
+                WHERE "data" = %s AND "state" IN ('PLAN', 'TAKE', 'WORK') ORDER BY "id" """).format(
+                sql.Literal(opts.get("repeat")), sql.Identifier(schema, table)), (mark,)).fetchall()
+            if any(inp == task_input and same_repeat for _, _, inp, same_repeat in live):
+                continue
+            planned = [i for i, state, _, _ in live if state == "PLAN"]
+            if planned:  # options changed: the planned occurrence takes the new ones
+                conn.execute(sql.SQL("""UPDATE {} SET "input" = %s, "repeat" = %s::interval
+                    WHERE "id" = ANY(%s)""").format(sql.Identifier(schema, table)),
+                             (task_input, opts.get("repeat"), planned))
+                report.add(f"updated repeating task {', '.join(map(str, planned))} in {qualified}")
+            elif not live:
+                task_id = conn.execute(ins + ' RETURNING "id"').fetchone()[0]
+                report.add(f"inserted repeating task {task_id} into {qualified}")
+
+
+def _sync(conn: psycopg.Connection, schema: str, table_oid: int, obj: str, report: Report) -> None:
+    """Add to ``schema.obj`` every column of the task table it lacks (types only: no defaults)."""
+    rel = _relation_oid(conn, schema, obj)
+    if rel is None:
+        return
+    have = _columns(conn, rel)
+    for col, typ in _columns(conn, table_oid).items():
+        if col not in have:
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                sql.Identifier(schema, obj), sql.Identifier(col), sql.SQL(typ)))
+            report.add(f"added column {col} to {schema}.{obj}")
+
+
+def install(conn: psycopg.Connection, pattern: str, schema: str = "public", table: str = "task",
+            **opts) -> Report:
+    """Install one pattern (and the patterns it requires) into ``schema.table``, idempotently.
+
+    Runs in one transaction (committed on return unless the caller has one open), serialised with
+    other installers of the same table by an advisory lock. Returns what changed.
+    """
+    o = options(pattern, table, opts)
+    report = Report()
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask patterns {schema}.{table}",))
+        for required in PATTERNS[pattern].requires:
+            _install_one(conn, required, schema, table, options(required, table), report)
+        _install_one(conn, pattern, schema, table, o, report)
+        # columns this pattern added to the task table go to an archive installed before it too
+        for s in sections("archive"):
+            if s.kind == "sync":
+                _sync(conn, schema, _relation_oid(conn, schema, table), names(table, s.name), report)
+    return report
+
+
+def installed(conn: psycopg.Connection, pattern: str, schema: str = "public", table: str = "task") -> bool:
+    """Whether every object of the pattern exists (not whether it is identical)."""
+    table_oid = _relation_oid(conn, schema, table)
+    if table_oid is None:
+        return False
+    for s in sections(pattern):
+        obj = names(table, s.name)
+        if s.kind == "column" and s.name not in _columns(conn, table_oid):
+            return False
+        if s.kind in ("table", "index") and _relation_oid(conn, schema, obj) is None:
+            return False
+        if s.kind == "function" and not _functions(conn, schema, obj):
+            return False
+        if s.kind == "trigger" and _trigger(conn, table_oid, obj) is None:
+            return False
+    return all(installed(conn, r, schema, table) for r in PATTERNS[pattern].requires)
+
+
+def uninstall(conn: psycopg.Connection, pattern: str, schema: str = "public", table: str = "task",
+              drop_columns: bool = False, drop_tables: bool = False) -> Report:
+    """Undo ``install``: STOP the pattern's planned tasks, drop its triggers, functions and indexes;
+    its columns only with ``drop_columns`` and its tables (the archive, with its rows) only with
+    ``drop_tables``. Patterns it requires are left alone."""
+    report = Report()
+    table_oid = _relation_oid(conn, schema, table)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask patterns {schema}.{table}",))
+        for s in reversed(sections(pattern)):
+            obj = names(table, s.name)
+            if s.kind == "task" and table_oid is not None:
+                cur = conn.execute(sql.SQL("""UPDATE {} SET "state" = 'STOP'
+                    WHERE "data" = %s AND "state" IN ('PLAN', 'WORK') RETURNING "id" """).format(
+                    sql.Identifier(schema, table)), (marker(pattern, schema, table, s.name),))
+                for (task_id,) in cur.fetchall():
+                    report.add(f"stopped task {task_id}")
+            elif s.kind == "trigger" and table_oid is not None and _trigger(conn, table_oid, obj):
+                conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(obj),
+                                                                      sql.Identifier(schema, table)))
+                report.add(f"dropped trigger {obj}")
+            elif s.kind == "function":
+                for oid in _functions(conn, schema, obj):
+                    sig = _one(conn, "SELECT %s::regprocedure::text", (oid,))[0]
+                    conn.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(sig)))
+                    report.add(f"dropped function {sig}")
+            elif s.kind == "index" and _relation_oid(conn, schema, obj) is not None:
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, obj)))
+                report.add(f"dropped index {schema}.{obj}")
+            elif s.kind == "column" and drop_columns and table_oid is not None \
+                    and s.name in _columns(conn, table_oid):
+                conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
+                    sql.Identifier(schema, table), sql.Identifier(s.name)))
+                report.add(f"dropped column {s.name} of {schema}.{table}")
+            elif s.kind == "table" and drop_tables and _relation_oid(conn, schema, obj) is not None:
+                conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.Identifier(schema, obj)))
+                report.add(f"dropped table {schema}.{obj}")
+    return report

@@ -1,0 +1,177 @@
+"""Small helpers the notebooks share: connecting, waiting with a deadline, demo bookkeeping, and
+the read-only inspection queries as pandas DataFrames. Importable without Jupyter (pandas and
+SQLAlchemy are imported only by the functions that need them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
+
+from . import query
+from ..provision import Report
+
+
+class _TimestamptzLoader(TimestamptzLoader):
+    """'infinity' (a waiting child's plan) as datetime.max instead of an error."""
+
+    def load(self, data):
+        if bytes(data) == b"infinity":
+            return datetime.max.replace(tzinfo=timezone.utc)
+        if bytes(data) == b"-infinity":
+            return datetime.min.replace(tzinfo=timezone.utc)
+        return super().load(data)
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    """An autocommit connection (``dsn`` is a libpq string; '' means libpq's environment: PGHOST, …).
+    Timestamps 'infinity'/'-infinity' load as datetime.max/min (UTC)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.adapters.register_loader("timestamptz", _TimestamptzLoader)
+    return conn
+
+
+def engine(dsn: str):
+    """A SQLAlchemy 2 engine over psycopg 3 for pandas.read_sql, from the same libpq string."""
+    import sqlalchemy
+
+    return sqlalchemy.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn),
+                                    poolclass=sqlalchemy.pool.NullPool)
+
+
+def frame(dsn_or_engine, text: str, params: dict | None = None):
+    """A query as a pandas DataFrame (through SQLAlchemy; ``text`` may hold %(name)s parameters)."""
+    import pandas
+    import sqlalchemy
+
+    eng = engine(dsn_or_engine) if isinstance(dsn_or_engine, str) else dsn_or_engine
+    with eng.connect() as c:
+        return pandas.read_sql(sqlalchemy.text(_colon_params(text)), c, params=params or {})
+
+
+def _colon_params(text: str) -> str:
+    """%(name)s -> :name for sqlalchemy.text(); literal colons (::casts) are escaped."""
+    import re
+
+    text = re.sub(r"(?<!:):(?!:)", r"\\:", text)  # a lone ':' (not part of '::')
+    return re.sub(r"%\((\w+)\)s", r"(:\1)", text).replace("%%", "%")
+
+
+def table_oid(conn: psycopg.Connection, schema: str, table: str) -> int:
+    """The task table's oid; a clear error when it is missing."""
+    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s""", (schema, table)).fetchone()
+    if row is None:
+        raise LookupError(f"no table {schema}.{table} in this database: start `pgtask run` for it "
+                          "(or run `pgtask provision`) first")
+    return row[0]
+
+
+def serving(conn: psycopg.Connection, schema: str, table: str) -> bool:
+    """Whether a ``pgtask run`` scheduler is connected for this table (its application_name)."""
+    prefix = f"pg_work {schema} {table} "[:63]
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND left(application_name, %s) = %s", (len(prefix), prefix)).fetchone()
+    return row[0] > 0
+
+
+def require_service(conn: psycopg.Connection, schema: str, table: str) -> None:
+    if not serving(conn, schema, table):
+        raise RuntimeError(f"no `pgtask run` is serving {schema}.{table} in this database: the demo "
+                           "needs it (or set demo = False to only install)")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, message: str = "condition",
+               interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def rows(conn: psycopg.Connection, text, params=None) -> list[dict]:
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(text, params)
+    return cur.fetchall() if cur.description else []
+
+
+def tasks(conn: psycopg.Connection, schema: str, table: str, where: str, params=None,
+          columns: str = '"id", "parent", "state"::text AS "state", "plan", "start", "stop", "output", "error"',
+          order: bool = True) -> list[dict]:
+    """Rows of the task table: ``where`` is SQL over its columns (with %s / %(name)s parameters)."""
+    return rows(conn, sql.SQL("SELECT {} FROM {} WHERE {}{}").format(
+        sql.SQL(columns), sql.Identifier(schema, table), sql.SQL(where),
+        sql.SQL(' ORDER BY "id"' if order else "")), params)
+
+
+FINAL = ("DONE", "FAIL", "GONE", "STOP")
+
+
+def wait_settled(conn: psycopg.Connection, schema: str, table: str, where: str, params=None,
+                 count: int = 1, timeout: float = 30.0) -> list[dict]:
+    """Wait until at least ``count`` rows match ``where`` and all of them are DONE/FAIL/GONE/STOP."""
+    def settled():
+        found = tasks(conn, schema, table, where, params)
+        return found if len(found) >= count and all(r["state"] in FINAL for r in found) else None
+    return wait_until(settled, timeout, f"{count} task(s) where {where} {params or ''} to settle")
+
+
+def check(condition: object, message: str) -> None:
+    """A notebook's outcome check: raises (also under python -O) when ``condition`` is false."""
+    if not condition:
+        raise AssertionError(message)
+
+
+def demo_reset(conn: psycopg.Connection, schema: str, table: str, mark: str, timeout: float = 30.0) -> int:
+    """Remove the rows an earlier run of a demo left (``data = mark``): planned ones are STOPped,
+    running ones waited for, then all deleted. Returns how many were deleted."""
+    t = sql.Identifier(schema, table)
+    conn.execute(sql.SQL("UPDATE {} SET \"state\" = 'STOP' WHERE \"data\" = %s AND \"state\" = 'PLAN'").format(t),
+                 (mark,))
+    wait_until(lambda: not conn.execute(sql.SQL("SELECT 1 FROM {} WHERE \"data\" = %s AND \"state\" IN "
+                                                "('TAKE', 'WORK')").format(t), (mark,)).fetchone(),
+               timeout, "the previous demo's running tasks to finish")
+    return conn.execute(sql.SQL("DELETE FROM {} WHERE \"data\" = %s").format(t), (mark,)).rowcount
+
+
+def show(report: Report) -> None:
+    """Print what an install/maintenance step changed."""
+    if not report.actions:
+        print("nothing to change: already in place")
+    for action in report.actions:
+        print(action)
+
+
+def source(conn: psycopg.Connection, schema: str, table: str, include_archive: bool = True) -> str:
+    """The task table, or the task table UNION ALL its archive (the archive pattern), as SQL text:
+    the common columns of both, for the inspection queries over finished tasks."""
+    t = sql.Identifier(schema, table).as_string(conn)
+    archive = f"{table}_archive"
+    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'""", (schema, archive)).fetchone()
+    if not include_archive or row is None:
+        return t
+    cols = ", ".join(sql.Identifier(c).as_string(conn) for c in
+                     ("id", "group", "state", "plan", "start", "stop", "error"))
+    a = sql.Identifier(schema, archive).as_string(conn)
+    return f"(SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM {a}) AS finished"
+
+
+def inspect(dsn: str, schema: str, table: str, name: str, include_archive: bool = True, **params):
+    """One query of inspect.sql as a DataFrame."""
+    with connect(dsn) as conn:
+        extra = {"source": source(conn, schema, table, include_archive)}
+        oid = table_oid(conn, schema, table)
+    text = query("inspect", name, schema, table, extra=extra)
+    return frame(dsn, text, {"oid": oid, **params})
