@@ -91,7 +91,7 @@ def cmd_status(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
             print("  " + " ".join(f"{n:>10}" for n in names))
             for row in rows:
                 cells = ["(all)" if row[0] is None else row[0]] + list(row[1:])
-                print("  " + " ".join(f"{str('' if c is None else c):>10}" for c in cells))
+                print("  " + " ".join(f"{'' if c is None else c!s:>10}" for c in cells))
 
     asyncio.run(go())
     return 0

@@ -149,8 +149,7 @@ class Cluster:
         }
         conf.update(settings or {})
         with open(self.data / "postgresql.auto.conf", "a") as f:
-            for key, value in conf.items():
-                f.write(f"{key} = {value}\n")
+            f.writelines(f"{key} = {value}\n" for key, value in conf.items())
 
     def running(self) -> bool:
         return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0

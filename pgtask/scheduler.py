@@ -313,16 +313,15 @@ class Scheduler:
         row = None
         while True:
             try:
-                async with self.writers.connection() as conn:
-                    async with conn.transaction():
-                        cur = await conn.execute(self.q("finish"), params)
-                        row = await cur.fetchone()
-                        if row is not None and refused == 0:
-                            await conn.execute(self.q("finish_repeat"), params)
-                            if task.delete and output is None and error is None:
-                                await conn.execute(self.q("finish_delete"), params)
-                            if task.max < 0:
-                                await conn.execute(self.q("finish_pause"), params)
+                async with self.writers.connection() as conn, conn.transaction():
+                    cur = await conn.execute(self.q("finish"), params)
+                    row = await cur.fetchone()
+                    if row is not None and refused == 0:
+                        await conn.execute(self.q("finish_repeat"), params)
+                        if task.delete and output is None and error is None:
+                            await conn.execute(self.q("finish_delete"), params)
+                        if task.max < 0:
+                            await conn.execute(self.q("finish_pause"), params)
                 break
             except psycopg.OperationalError as exc:
                 delay = backoff.next()

@@ -235,7 +235,7 @@ class Supervisor:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any failure of one entry must not stop the others
+            except Exception as exc:
                 log.error("%s: scheduler failed: %s; restarting in %ss", sched.entry.label(), exc,
                           self.restart_after, exc_info=not isinstance(exc, psycopg.OperationalError))
                 await sched.close()

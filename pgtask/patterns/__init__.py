@@ -38,11 +38,23 @@ from psycopg import sql
 
 from ..provision import Report
 
-__all__ = ["PATTERNS", "Pattern", "Report", "install", "uninstall", "installed", "query", "render",
-           "script", "retry_until_success_input", "marker", "names"]
+__all__ = [
+    "PATTERNS",
+    "Pattern",
+    "Report",
+    "install",
+    "installed",
+    "marker",
+    "names",
+    "query",
+    "render",
+    "retry_until_success_input",
+    "script",
+    "uninstall",
+]
 
 KINDS = ("column", "function", "trigger", "index", "table", "sync", "task", "query")
-_HEADER = re.compile(r"^-- (" + "|".join(KINDS) + r") ([a-z_]+) --$", re.M)
+_HEADER = re.compile(r"^-- (" + "|".join(KINDS) + r") ([a-z_]+) --$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 

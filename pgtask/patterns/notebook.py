@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -14,8 +14,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
-from . import query
 from ..provision import Report
+from . import query
 
 
 class _TimestamptzLoader(TimestamptzLoader):
@@ -23,9 +23,9 @@ class _TimestamptzLoader(TimestamptzLoader):
 
     def load(self, data):
         if bytes(data) == b"infinity":
-            return datetime.max.replace(tzinfo=timezone.utc)
+            return datetime.max.replace(tzinfo=UTC)
         if bytes(data) == b"-infinity":
-            return datetime.min.replace(tzinfo=timezone.utc)
+            return datetime.min.replace(tzinfo=UTC)
         return super().load(data)
 
 

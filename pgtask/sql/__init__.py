@@ -6,7 +6,7 @@ import re
 from functools import cache
 from importlib import resources
 
-_HEADER = re.compile(r"^-- ([a-z_]+) --$", re.M)
+_HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
 
 @cache

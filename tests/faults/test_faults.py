@@ -4,15 +4,12 @@ executor may have died mid-run (it was in flight when the fault hit)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import tempfile
 from pathlib import Path
 
 import psycopg
-import pytest
-
 from conftest import Service, _free_port, wait_for
+
 from pgtask.cluster import Cluster
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"

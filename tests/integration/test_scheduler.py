@@ -7,9 +7,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import psycopg
 import pytest
-
 from conftest import wait_for
 
 

@@ -314,9 +314,8 @@ def test_only_members_of_its_role_change_a_schedule(db):
     with db.connect(user="sched_dave") as conn:
         conn.execute("""INSERT INTO task_schedule (name, cron, input, "user") VALUES ('d', '@daily', 'SELECT 1', 'postgres')""")
     assert sched(db, "d")["user"] == "sched_dave"      # not a member of postgres: its own role
-    with db.connect(user="sched_erin") as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("UPDATE task_schedule SET input = 'SELECT 2' WHERE name = 'd'")
+    with db.connect(user="sched_erin") as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("UPDATE task_schedule SET input = 'SELECT 2' WHERE name = 'd'")
     with db.connect(user="sched_dave") as conn:
         conn.execute("UPDATE task_schedule SET paused = true WHERE name = 'd'")
     materialise(db, T0)    # the service (another role) updates its own columns freely

@@ -4,7 +4,6 @@ import signal
 
 import psycopg
 import pytest
-
 from conftest import wait_for
 
 

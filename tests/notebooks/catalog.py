@@ -5,7 +5,7 @@ import psycopg
 
 
 def snapshot(conn: psycopg.Connection, schema: str, table: str) -> dict:
-    q = lambda text, *p: sorted(map(tuple, conn.execute(text, p).fetchall()))  # noqa: E731
+    q = lambda text, *p: sorted(map(tuple, conn.execute(text, p).fetchall()))
     return {
         "relations": q("""SELECT c.relname, c.relkind, c.oid FROM pg_class c
             WHERE c.relnamespace = %s::regnamespace""", schema),

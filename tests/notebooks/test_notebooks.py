@@ -7,8 +7,6 @@ from datetime import timedelta
 
 import pytest
 
-from pgtask import sql as named
-
 from .catalog import snapshot
 
 
@@ -58,16 +56,8 @@ def test_retry_backoff(db, service, run_notebook):
     assert [r[1] for r in rows[1:]] == [r[0] for r in rows[:-1]]
 
 
-def _core_handles_infinite_plans(db) -> bool:
-    """The scheduler's next-deadline query subtracts timestamps; before PostgreSQL 17 that fails on
-    plan = 'infinity' (the depend pattern's waiting children) unless the query skips infinite plans."""
-    return db.value("SHOW server_version_num") >= "170000" or "isfinite" in named.query("queries.sql", "next")
-
-
 def test_depend_on_parent(db, service, run_notebook):
-    if not _core_handles_infinite_plans(db):
-        pytest.xfail("core bug: queries.sql `next` raises 'cannot subtract infinite timestamps' on PostgreSQL "
-                     "< 17 when a PLAN row has plan = 'infinity'; fix: add AND isfinite(\"plan\") to its subquery")
+    # waiting children have plan = 'infinity': the scheduler's next-deadline query must skip them
     twice(db, run_notebook, "depend_on_parent", parent_seconds=0.3)
     rows = db.execute("""SELECT p.state::text, c.depend, c.state::text, c.start IS NOT NULL
         FROM task c JOIN task p ON p.id = c.parent
