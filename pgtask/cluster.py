@@ -9,6 +9,7 @@ initdb and postgres refuse to run as root: as root they run as the OS user ``pos
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import pwd
 import shutil
@@ -92,6 +93,9 @@ def _grant_path(path: Path) -> None:
     for parent in path.parents:
         mode = parent.stat().st_mode
         if not mode & 0o001:
+            # the server runs as SERVER_USER and must reach its data directory and binaries
+            logging.getLogger("pgtask.cluster").warning(
+                "making %s traversable (o+x) so the %s OS user can reach %s", parent, SERVER_USER, path)
             os.chmod(parent, mode | 0o011)
 
 
