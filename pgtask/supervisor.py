@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,37 +149,34 @@ def _convert(name: str, raw: str) -> Any:
     return raw
 
 
-async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry]) -> provision.Report:
+async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
+                            failed: Callable[[Entry, Exception], None] | None = None) -> provision.Report:
+    """Provision every entry. With ``failed``, an entry that cannot be provisioned is reported
+    there and the others go on (the service); without it the error propagates (`pgtask provision`)."""
     report = provision.Report()
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as admin:
         for entry in entries:
-            await provision.ensure_role(admin, entry.user, report)
-            await provision.ensure_database(admin, entry.data, entry.user, report)
+            try:
+                await provision.ensure_role(admin, entry.user, report)
+                await provision.ensure_database(admin, entry.data, entry.user, report)
+            except psycopg.Error as exc:
+                if failed is None or isinstance(exc, psycopg.OperationalError):
+                    raise
+                failed(entry, exc)
     for entry in entries:
-        async with await psycopg.AsyncConnection.connect(make_conninfo(conninfo, dbname=entry.data)) as conn:
-            cur = await conn.execute("SELECT current_user <> %s AND pg_has_role(current_user, %s, 'MEMBER')",
-                                     (entry.user, entry.user))
-            on_behalf = (await cur.fetchone())[0]
-            await provision.provision_table(conn, entry.schema, entry.table, report,
-                                            owner=entry.user if on_behalf else None)
-            await conn.commit()
+        try:
+            async with await psycopg.AsyncConnection.connect(make_conninfo(conninfo, dbname=entry.data)) as conn:
+                cur = await conn.execute("SELECT current_user <> %s AND pg_has_role(current_user, %s, 'MEMBER')",
+                                         (entry.user, entry.user))
+                on_behalf = (await cur.fetchone())[0]
+                await provision.provision_table(conn, entry.schema, entry.table, report,
+                                                owner=entry.user if on_behalf else None)
+                await conn.commit()
+        except psycopg.Error as exc:
+            if failed is None:
+                raise
+            failed(entry, exc)
     return report
-
-
-def interval_seconds(text: str) -> float:
-    """Seconds of a simple interval like '1 hour', '30 sec', '500 ms' (for local timers only)."""
-    units = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1,
-             "second": 1, "seconds": 1, "secs": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
-             "h": 3600, "hour": 3600, "hours": 3600, "day": 86400, "days": 86400}
-    parts = text.split()
-    total = 0.0
-    i = 0
-    while i < len(parts):
-        num = float(parts[i])
-        unit = parts[i + 1] if i + 1 < len(parts) else "sec"
-        total += num * units.get(unit.lower(), 1)
-        i += 2
-    return total
 
 
 class Supervisor:
@@ -200,7 +198,11 @@ class Supervisor:
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
         wanted = {e.key: e for e in resolved.entries}
-        report = await provision_entries(self.cfg, self.conninfo, resolved.entries)
+        def failed(entry: Entry, exc: Exception) -> None:
+            log.error("%s: cannot provision: %s (its scheduler retries every pg_work.restart s)",
+                      entry.label(), str(exc).strip())
+
+        report = await provision_entries(self.cfg, self.conninfo, resolved.entries, failed)
         for action in report.actions:
             log.info("provision: %s", action)
         for key in list(self.schedulers):

@@ -285,3 +285,9 @@ def test_input_cannot_leave_its_role(db, service, escape):
     row = db.wait_state(task_id)
     assert "postgres" not in (row["output"] or "").split("\n")[-1:]
     assert row["state"] == "FAIL" or row["output"].split("\n")[-1] == "erin", row
+
+
+def test_live_reuses_the_session_for_a_while(db, service):
+    """live > 0: one executor session takes the group's next tasks while it is younger than live."""
+    ids = [db.insert("SELECT pg_backend_pid()", group="alive", live="1 hour", header=False) for _ in range(4)]
+    assert len({db.wait_state(i)["output"] for i in ids}) == 1

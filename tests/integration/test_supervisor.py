@@ -102,3 +102,16 @@ def test_two_instances_share_the_work(db, service_factory):
     pids = db.value("SELECT count(DISTINCT pid) FROM task")
     assert pids >= 2
     assert a.proc.poll() is None and b.proc.poll() is None
+
+
+def test_failing_entry_is_restarted_and_others_run(db, cluster, service_factory):
+    db.execute("CREATE VIEW t6 AS SELECT 1 AS x")  # blocks creating table t6
+    svc = service_factory(db.name, f'[pg_task]\njson = [{{data = "{db.name}", user = "postgres"}}, '
+                                   f'{{data = "{db.name}", user = "postgres", table = "t6"}}]\n'
+                                   "[pg_work]\nrestart = 1\n")
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"  # the healthy entry runs
+    wait_for(lambda: "scheduler failed" in svc.output(), message="the failing scheduler to be logged")
+    db.execute("DROP VIEW t6")
+    wait_for(lambda: db.value("SELECT to_regclass('t6') IS NOT NULL"), 20, message="the restarted scheduler")
+    task_id = run_in(cluster, db.name, "postgres", "public", "t6")
+    wait_for(lambda: state_in(cluster, db.name, "public", "t6", task_id)[0] == "DONE", message="t6 task")
