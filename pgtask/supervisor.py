@@ -295,5 +295,8 @@ class Supervisor:
         await asyncio.gather(*(s.drain() for s in scheds), return_exceptions=True)
         await asyncio.gather(*(t for _, t in self.schedulers.values()), return_exceptions=True)
         await asyncio.gather(*(s.close() for s in scheds), return_exceptions=True)
+        if self.cluster is not None:
+            log.info("stopping the embedded PostgreSQL")
+            await asyncio.to_thread(self.cluster.stop, "fast")
         log.info("stopped")
         return 0

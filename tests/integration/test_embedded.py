@@ -33,6 +33,7 @@ def test_embedded_default(tmp_path):
         assert row[1].startswith("PostgreSQL 18")
         proc.terminate()
         assert proc.wait(30) == 0
+        assert not cluster.running()  # the service stops the cluster it started
     finally:
         if proc.poll() is None:
             proc.kill()
