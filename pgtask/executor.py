@@ -79,12 +79,11 @@ def refused_copy(text: str) -> str | None:
     return None
 
 
-class Session:
-    """One executor connection: a task author's session (or the service's, in set_role mode)."""
+class Connection:
+    """A connection that runs task input; ``conn`` is what ``Scheduler.cancel`` cancels."""
 
-    def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool):
-        self.conn, self.user, self.set_role = conn, user, set_role
-        self.dirty = False
+    def __init__(self, conn: psycopg.AsyncConnection):
+        self.conn = conn
 
     @property
     def pgconn(self) -> pq.abc.PGconn:
@@ -97,6 +96,15 @@ class Session:
     @property
     def encoding(self) -> str:
         return self.conn.info.encoding
+
+
+class Session(Connection):
+    """One executor connection: a task author's session (or the service's, in set_role mode)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool):
+        super().__init__(conn)
+        self.user, self.set_role = user, set_role
+        self.dirty = False
 
     async def reset(self) -> None:
         """Back to a clean session (the manual: unless save, nothing carries to the next task)."""

@@ -25,7 +25,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import wire
-from .executor import Task
+from .executor import Connection, Task
 from .output import Output, format_error, simple_error
 
 if TYPE_CHECKING:
@@ -46,23 +46,8 @@ PASSWORD_NOT_USED = "Non-superuser cannot connect if the server does not request
 PASSWORD_NOT_USED_HINT = "Target server's authentication method must be changed."
 
 
-class RemoteConnection:
+class RemoteConnection(Connection):
     """One remote connection; ``conn`` is what ``Scheduler.cancel`` cancels (``cancel_safe``)."""
-
-    def __init__(self, conn: psycopg.AsyncConnection):
-        self.conn = conn
-
-    @property
-    def pgconn(self) -> pq.abc.PGconn:
-        return self.conn.pgconn
-
-    @property
-    def pid(self) -> int:
-        return self.conn.info.backend_pid
-
-    @property
-    def encoding(self) -> str:
-        return self.conn.info.encoding
 
     async def close(self) -> None:
         try:
@@ -199,20 +184,8 @@ async def execute(sched: Scheduler, task: Task) -> None:
                                                           statement=task.input))
                 return
             done += 1
-            if task.id in sched.drain_cancelled:
-                # cancelled by SIGTERM's grace deadline, not by the task: it runs again later
-                await sched.requeue(task)
-                return
             finished = task
-            if task.max >= 0 and (task.count > 0 or task.live_s > 0):
-                # Finish and take the group's next task under the control lock, so a claim pass
-                # cannot hand that task to another connection in between (the manual's task_live).
-                async with sched.control_lock:
-                    await sched.finish(finished, output, error)
-                    task = await sched.next_of_group(finished, spawner_max, done, born)
-            else:
-                await sched.finish(finished, output, error)
-                task = None
+            task = await sched.complete(finished, output, error, spawner_max, done, born)
             if task is not None and not finished.save and remote is not None:
                 err = await _discard(remote)
                 if err is not None:

@@ -259,25 +259,29 @@ class Scheduler:
                     await self.requeue(task)
                     return
                 done += 1
-                if task.id in self.drain_cancelled:
-                    # cancelled by SIGTERM's grace deadline, not by the task: it runs again later
-                    await self.requeue(task)
-                    return
                 keep_session = task.save
-                if task.max >= 0 and (task.count > 0 or task.live_s > 0):
-                    # Finish and take the group's next task under the control lock, so a claim pass
-                    # cannot hand that task to another session in between (the manual's task_live).
-                    async with self.control_lock:
-                        await self.finish(task, output, error)
-                        task = await self.next_of_group(task, spawner_max, done, born)
-                else:
-                    await self.finish(task, output, error)
-                    task = None
+                task = await self.complete(task, output, error, spawner_max, done, born)
                 if task is not None and not keep_session:
                     await session.reset()
         finally:
             if session is not None:
                 await self.sessions.put(session)
+
+    async def complete(self, task: Task, output: str | None, error: str | None, spawner_max: int, done: int,
+                       born) -> Task | None:
+        """After a run: finish the task and return the group's next task for the same session
+        (within count/live), or None. A run cancelled by SIGTERM's grace deadline is put back."""
+        if task.id in self.drain_cancelled:
+            await self.requeue(task)
+            return None
+        if task.max >= 0 and (task.count > 0 or task.live_s > 0):
+            # Finish and take the group's next task under the control lock, so a claim pass cannot
+            # hand that task to another session in between (the manual's task_live).
+            async with self.control_lock:
+                await self.finish(task, output, error)
+                return await self.next_of_group(task, spawner_max, done, born)
+        await self.finish(task, output, error)
+        return None
 
     async def _write(self, name: str, params: dict, fetch: bool = True):
         backoff = Backoff()
