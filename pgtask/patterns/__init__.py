@@ -36,6 +36,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
+from .. import sql as service_sql
 from ..provision import Report
 
 __all__ = [
@@ -173,9 +174,16 @@ def render(text: str, schema: str, table: str, opts: dict | None = None, extra: 
     return _PLACEHOLDER.sub(one, text)
 
 
+# Queries a notebook runs that are exactly what the service does itself.
+SERVICE_QUERIES = {("maintenance", "reset_orphans"): "reset"}
+
+
 def query(pattern: str, name: str, schema: str = "public", table: str = "task", extra: dict | None = None,
           **opts) -> str:
     """A ``query`` section, rendered (it may still hold ``%(param)s`` parameters)."""
+    if (pattern, name) in SERVICE_QUERIES:  # the service's own statement, not a copy of it
+        text = service_sql.query("queries.sql", SERVICE_QUERIES[pattern, name])
+        return render(text, schema, table, options(pattern, table, opts), extra)
     for s in sections(pattern):
         if s.kind == "query" and s.name == name:
             return render(s.text, schema, table, options(pattern, table, opts), extra)

@@ -1,19 +1,5 @@
 -- Maintenance (changes; the maintenance notebook runs each one only with dry_run = False).
 
--- query reset_orphans --
--- TAKE/WORK rows nobody holds the liveness lock of go back to PLAN (what the service does itself).
-WITH s AS (
-    SELECT t."id" FROM {table} t
-    WHERE t."state" IN ('TAKE', 'WORK') AND NOT EXISTS (
-        SELECT FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
-FROM s WHERE t."id" = s."id" RETURNING t."id"
-
 -- query purgeable --
 -- What purge_batch would delete, counted by state.
 SELECT "state"::text AS "state", count(*) AS "tasks", min("stop") AS "oldest_stop", max("stop") AS "newest_stop"
