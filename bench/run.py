@@ -27,6 +27,7 @@ Prints numbers; asserts nothing (a measurement, not a test).
 from __future__ import annotations
 
 import argparse
+import logging
 import asyncio
 import os
 import platform
@@ -144,6 +145,11 @@ class Bench:
         return proc
 
     def stop(self, proc: subprocess.Popen) -> None:
+        if os.environ.get("BENCH_PROFILE"):  # stop the profiled service: py-spy then writes and exits
+            for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+                os.kill(int(child), 15)
+            proc.wait(60)
+            return
         proc.terminate()
         try:
             proc.wait(30)
@@ -238,6 +244,8 @@ class Bench:
 
     async def _procrastinate(self, dsn: str, n: int, body: str) -> float:
         import procrastinate
+
+        logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App is instantiated in the main module"
         from psycopg_pool import AsyncConnectionPool
 
         app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))

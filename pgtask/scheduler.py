@@ -209,8 +209,12 @@ class Scheduler:
         rows: list[dict] = []
         cur = None
         async with self.control_lock:
-            # one round trip: BEGIN, unlock, claim_lock, claim, next, COMMIT
+            # One round trip: BEGIN, unlock, claim_lock, claim, next, COMMIT. The commit does not wait
+            # for the WAL flush: a claim lost in a server crash leaves its rows PLAN, and nothing of a
+            # claimed task can become durable before it (its TAKE -> WORK commit is synchronous and
+            # flushes the WAL up to the claim) -- so the claim is never the reason a task runs twice.
             async with conn.pipeline(), conn.transaction():
+                await conn.execute("SET LOCAL synchronous_commit = off")
                 if self.to_unlock:
                     ids, self.to_unlock = self.to_unlock, []
                     await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
@@ -366,7 +370,15 @@ class Scheduler:
         while True:
             try:
                 async with self.writers.connection() as conn:
-                    if deletes:
+                    if not finishes:
+                        # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash,
+                        # the rows are TAKE again (reset, run again -- as for a crash mid-run); nothing
+                        # of the input is durable before this (its own commits flush the WAL up to it).
+                        async with conn.pipeline(), conn.transaction():
+                            await conn.execute("SET LOCAL synchronous_commit = off")
+                            cur = await conn.execute(self.q("flush"), params)
+                        matched = set(await cur.fetchall())
+                    elif deletes:
                         async with conn.transaction():
                             cur = await conn.execute(self.q("flush"), params)
                             matched = set(await cur.fetchall())

@@ -9,24 +9,32 @@ SELECT pg_advisory_xact_lock(%(oid)s::bigint)
 -- claim --
 -- Expire, then claim due PLAN rows by remaining group capacity, then id (the manual's order):
 -- a group (group + remote) runs max + 1 tasks at once, negative max runs it one at a time.
+-- Only the first rows of each group that could be taken (its capacity, plus a few in case some are
+-- locked by someone else) are locked, so a deep backlog is not row-locked on every pass.
 -- The claiming session takes each task's liveness lock in the same statement: while the service
 -- that claimed a row is alive, nobody resets it.
 WITH expired AS (
+    -- "active" > 0 (a CHECK constraint), so an expired row is a due one: the plan index serves it
     UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
         "error" = 'ERROR:  task not active'
-    WHERE "state" = 'PLAN' AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec'
-      AND "max" >= 0
+    WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
+      AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec' AND "max" >= 0
     RETURNING "id"
 ), running AS (
     SELECT "group", "remote", count(*) AS n FROM {table}
     WHERE "state" IN ('TAKE', 'WORK') GROUP BY "group", "remote"
-), due AS (
-    SELECT t."id", t."group", t."remote", greatest(t."max", 0) - coalesce(r.n, 0) AS cap
+), candidates AS (
+    SELECT t."id", greatest(t."max", 0) - coalesce(r.n, 0) AS cap,
+           row_number() OVER (PARTITION BY t."group", t."remote" ORDER BY greatest(t."max", 0) DESC, t."id") AS rn
     FROM {table} t LEFT JOIN running r ON r."group" = t."group" AND r."remote" IS NOT DISTINCT FROM t."remote"
     WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
       AND greatest(t."max", 0) - coalesce(r.n, 0) >= 0
+), due AS (
+    SELECT t."id", t."group", t."remote", c.cap
+    FROM candidates c JOIN {table} t ON t."id" = c."id"
+    WHERE c.rn <= c.cap + 9 AND t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
       AND t."id" NOT IN (SELECT "id" FROM expired)
-    ORDER BY cap DESC, t."id"
+    ORDER BY c.cap DESC, t."id"
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), ranked AS (
