@@ -11,6 +11,7 @@ How a task takes its author's role (``[pgtask] execute_as``):
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -68,6 +69,8 @@ class Task:
 
 def refused_copy(text: str) -> str | None:
     """Local input may not use COPY ... FROM STDIN / TO STDOUT (there is no client to stream to)."""
+    if "copy" not in text.lower():
+        return None  # a keyword cannot be quoted, escaped or split: no COPY statement (skips the parse)
     try:
         statements = pglast.parse_sql(text)
     except pglast.parser.ParseError:
@@ -173,17 +176,25 @@ class SessionPool:
         self.idle.clear()
 
 
+@functools.lru_cache(maxsize=1024)
+def _settings(group: str, schema: str, table: str, oid: int) -> str:
+    """The preamble's part that is the same for every task of a group (quoted once, then cached)."""
+    return "; ".join(
+        sql.SQL("SET SESSION {} = {}").format(sql.Identifier(name), sql.Literal(value)).as_string(None)
+        for name, value in (("pg_task.group", group), ("pg_task.schema", schema), ("pg_task.table", table),
+                            ("pg_task.oid", str(oid)), ("application_name", f"pg_task {schema} {table} {group}")))
+
+
+@functools.lru_cache(maxsize=1024)
+def _set_role(user: str) -> str:
+    return sql.SQL("SET ROLE {}; ").format(sql.Identifier(user)).as_string(None)
+
+
 def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> str:
     """Session settings for one task: what the manual's pg_task worker sets before input."""
-    parts = []
-    if set_role:
-        parts.append(sql.SQL("SET ROLE {}").format(sql.Identifier(task.user)))
-    for name, value in (("pg_task.id", str(task.id)), ("pg_task.group", task.group),
-                        ("pg_task.schema", schema), ("pg_task.table", table), ("pg_task.oid", str(oid)),
-                        ("application_name", f"pg_task {schema} {table} {task.group}"),
-                        ("statement_timeout", str(task.timeout_ms))):
-        parts.append(sql.SQL("SET SESSION {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-    return "; ".join(p.as_string(None) for p in parts)
+    return (f"{_set_role(task.user) if set_role else ''}SET SESSION \"pg_task.id\" = '{int(task.id)}'; "
+            f"{_settings(task.group, schema, table, oid)}; "
+            f"SET SESSION \"statement_timeout\" = '{int(task.timeout_ms)}'")
 
 
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,

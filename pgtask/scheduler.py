@@ -98,6 +98,9 @@ class Scheduler:
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
         self._queries: dict[str, sql.Composed] = {}
+        # group commit of WORK transitions and finishes: (kind, task, payload, future)
+        self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
+        self.flushers: set[asyncio.Task] = set()
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
 
@@ -204,16 +207,25 @@ class Scheduler:
         conn = self.control
         room = self.options.run - len(self.inflight)
         rows: list[dict] = []
-        async with self.control_lock, conn.transaction():
-            if self.to_unlock:
-                ids, self.to_unlock = self.to_unlock, []
-                await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
-            if room > 0 and self.options.limit > 0:
-                await conn.execute(self.q("claim_lock"), {"oid": self.oid})
-                cur = await conn.execute(self.q("claim"), {"oid": self.oid, "limit": min(room, self.options.limit)})
+        cur = None
+        async with self.control_lock:
+            # One round trip: BEGIN, unlock, claim_lock, claim, next, COMMIT. The commit does not wait
+            # for the WAL flush: a claim lost in a server crash leaves its rows PLAN, and nothing of a
+            # claimed task can become durable before it (its TAKE -> WORK commit is synchronous and
+            # flushes the WAL up to the claim) -- so the claim is never the reason a task runs twice.
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute("SET LOCAL synchronous_commit = off")
+                if self.to_unlock:
+                    ids, self.to_unlock = self.to_unlock, []
+                    await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
+                if room > 0 and self.options.limit > 0:
+                    await conn.execute(self.q("claim_lock"), {"oid": self.oid})
+                    cur = await conn.execute(self.q("claim"), {"oid": self.oid,
+                                                               "limit": min(room, self.options.limit)})
+                cur_next = await conn.execute(self.q("next"))
+            if cur is not None:
                 rows = await cur.fetchall()
-            cur = await conn.execute(self.q("next"))
-            nxt = await cur.fetchone()
+            nxt = await cur_next.fetchone()
         for row in rows:
             self.dispatch(Task.from_row(row))
         values = list(nxt.values())
@@ -298,8 +310,7 @@ class Scheduler:
                 await asyncio.sleep(delay)
 
     async def mark_work(self, task: Task, pid: int) -> bool:
-        row = await self._write("work", {**task.fence, "pid": pid})
-        if row is None:
+        if not await self._submit("w", task, pid):
             log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
             self._release(task)
             return False
@@ -310,7 +321,101 @@ class Scheduler:
         self._release(task)
 
     async def finish(self, task: Task, output: str | None, error: str | None) -> None:
-        """DONE/FAIL (STOP stays), the next repeat, delete, the pause: one fenced transaction."""
+        """DONE/FAIL (STOP stays), the next repeat, delete: one fenced transaction shared with other
+        tasks' finishes (group commit); a task pausing its group (negative max) has its own."""
+        if task.max < 0:
+            await self._finish_one(task, output, error)
+            return
+        if not await self._submit("f", task, (output, error)):
+            log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
+        self._release(task)
+
+    # -- group commit ----------------------------------------------------------------------------
+    # Writes of tasks starting or finishing at the same time share one statement and one commit: a
+    # flusher takes everything pending, and while its commit is in flight the next batch gathers.
+    # Every row stays fenced on attempt + lease; if a batch fails for a reason of the database (a
+    # user's trigger refusing one row), each of its rows is written on its own, as before.
+    MAX_FLUSHERS = 2
+    MAX_BATCH = 256
+
+    def _submit(self, kind: str, task: Task, payload: Any) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((kind, task, payload, fut))
+        if len(self.flushers) < self.MAX_FLUSHERS:
+            t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
+            self.flushers.add(t)
+            t.add_done_callback(self.flushers.discard)
+        return fut
+
+    async def _flush_loop(self) -> None:
+        await asyncio.sleep(0)  # let tasks ready in this loop iteration join the batch
+        while self.pending:
+            batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
+            try:
+                await self._flush(batch)
+            except BaseException as exc:
+                for *_, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                if not isinstance(exc, Exception):
+                    raise
+
+    async def _flush(self, batch: list) -> None:
+        works = [(t, p, f) for k, t, p, f in batch if k == "w"]
+        finishes = [(t, p, f) for k, t, p, f in batch if k == "f"]
+        params = {
+            "w_id": [t.id for t, _, _ in works], "w_attempt": [t.attempt for t, _, _ in works],
+            "w_lease": [t.lease for t, _, _ in works], "w_pid": [p for _, p, _ in works],
+            "f_id": [t.id for t, _, _ in finishes], "f_attempt": [t.attempt for t, _, _ in finishes],
+            "f_lease": [t.lease for t, _, _ in finishes], "f_output": [p[0] for _, p, _ in finishes],
+            "f_error": [p[1] for _, p, _ in finishes]}
+        deletes = [t for t, (out, err), _ in finishes if t.delete and out is None and err is None]
+        backoff = Backoff()
+        while True:
+            try:
+                async with self.writers.connection() as conn:
+                    if not finishes:
+                        # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash,
+                        # the rows are TAKE again (reset, run again -- as for a crash mid-run); nothing
+                        # of the input is durable before this (its own commits flush the WAL up to it).
+                        async with conn.pipeline(), conn.transaction():
+                            await conn.execute("SET LOCAL synchronous_commit = off")
+                            cur = await conn.execute(self.q("flush"), params)
+                        matched = set(await cur.fetchall())
+                    elif deletes:
+                        async with conn.transaction():
+                            cur = await conn.execute(self.q("flush"), params)
+                            matched = set(await cur.fetchall())
+                            await conn.execute(self.q("flush_delete"), {
+                                "id": [t.id for t in deletes], "attempt": [t.attempt for t in deletes],
+                                "lease": [t.lease for t in deletes]})
+                    else:
+                        cur = await conn.execute(self.q("flush"), params)
+                        matched = set(await cur.fetchall())
+                break
+            except psycopg.OperationalError as exc:
+                if self.stopping and not self.draining:
+                    raise
+                delay = backoff.next()
+                log.warning("flush failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+            except psycopg.Error as exc:
+                log.info("batched write failed (%s); writing its %d rows one by one", str(exc).strip(),
+                         len(batch))
+                for task, pid, fut in works:
+                    fut.set_result(await self._write("work", {**task.fence, "pid": pid}) is not None)
+                for task, (output, error), fut in finishes:
+                    fut.set_result(await self._finish_one(task, output, error, release=False))
+                return
+        for task, _, fut in works:
+            fut.set_result(("w", task.id) in matched)
+        for task, _, fut in finishes:
+            fut.set_result(("f", task.id) in matched)
+
+    async def _finish_one(self, task: Task, output: str | None, error: str | None,
+                          release: bool = True) -> bool:
+        """One task's finish in its own transaction (negative max, or a batch that failed).
+        Returns False when the lease was lost (logged and released here when ``release``)."""
         params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
         backoff = Backoff()
         refused = 0
@@ -340,9 +445,13 @@ class Scheduler:
                     break
                 params = {**params, "output": output or "", "error": (error + "\n" if error else "") +
                           simple_error(f"finishing the task failed: {str(exc).strip()}")}
-        if row is None and not refused:
-            log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
-        self._release(task)
+        lost = row is None and not refused
+        if release:
+            if lost:
+                log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
+            self._release(task)
+        return not lost
+
 
     def _release(self, task: Task) -> None:
         self.inflight.pop(task.id, None)
@@ -435,6 +544,9 @@ class Scheduler:
         for t in list(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        for t in list(self.flushers):
+            t.cancel()
+        await asyncio.gather(*self.flushers, return_exceptions=True)
         await self.sessions.close()
         if self.writers is not None:
             await self.writers.close()

@@ -9,24 +9,32 @@ SELECT pg_advisory_xact_lock(%(oid)s::bigint)
 -- claim --
 -- Expire, then claim due PLAN rows by remaining group capacity, then id (the manual's order):
 -- a group (group + remote) runs max + 1 tasks at once, negative max runs it one at a time.
+-- Only the first rows of each group that could be taken (its capacity, plus a few in case some are
+-- locked by someone else) are locked, so a deep backlog is not row-locked on every pass.
 -- The claiming session takes each task's liveness lock in the same statement: while the service
 -- that claimed a row is alive, nobody resets it.
 WITH expired AS (
+    -- "active" > 0 (a CHECK constraint), so an expired row is a due one: the plan index serves it
     UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
         "error" = 'ERROR:  task not active'
-    WHERE "state" = 'PLAN' AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec'
-      AND "max" >= 0
+    WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
+      AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec' AND "max" >= 0
     RETURNING "id"
 ), running AS (
     SELECT "group", "remote", count(*) AS n FROM {table}
     WHERE "state" IN ('TAKE', 'WORK') GROUP BY "group", "remote"
-), due AS (
-    SELECT t."id", t."group", t."remote", greatest(t."max", 0) - coalesce(r.n, 0) AS cap
+), candidates AS (
+    SELECT t."id", greatest(t."max", 0) - coalesce(r.n, 0) AS cap,
+           row_number() OVER (PARTITION BY t."group", t."remote" ORDER BY greatest(t."max", 0) DESC, t."id") AS rn
     FROM {table} t LEFT JOIN running r ON r."group" = t."group" AND r."remote" IS NOT DISTINCT FROM t."remote"
     WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
       AND greatest(t."max", 0) - coalesce(r.n, 0) >= 0
+), due AS (
+    SELECT t."id", t."group", t."remote", c.cap
+    FROM candidates c JOIN {table} t ON t."id" = c."id"
+    WHERE c.rn <= c.cap + 9 AND t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
       AND t."id" NOT IN (SELECT "id" FROM expired)
-    ORDER BY cap DESC, t."id"
+    ORDER BY c.cap DESC, t."id"
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), ranked AS (
@@ -138,3 +146,44 @@ SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
 WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
   AND attname NOT IN ('id', 'plan', 'parent', 'start', 'stop', 'pid', 'state', 'error', 'output',
                       'attempt', 'lease')
+
+-- flush --
+-- Group commit: the TAKE -> WORK transitions and the finishes of many tasks in one statement (one
+-- commit). Each row stays fenced on attempt + lease exactly as in "work" and "finish"; a finished
+-- row's next repeat is inserted from the finish's own result (so a row the finish did not match is
+-- never repeated). Returns the rows that matched: kind 'w' (now WORK) or 'f' (finished).
+-- A failing trigger fails the whole statement: the service then writes each row on its own.
+WITH w AS (
+    UPDATE {table} t SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = b.pid
+    FROM unnest(%(w_id)s::bigint[], %(w_attempt)s::int4[], %(w_lease)s::uuid[], %(w_pid)s::int4[])
+         AS b(id, attempt, lease, pid)
+    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease AND t."state" = 'TAKE'
+    RETURNING t."id"
+), f AS (
+    UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state"
+                                        WHEN b.error IS NULL THEN 'DONE' ELSE 'FAIL' END,
+        "stop" = statement_timestamp(), "output" = b.output, "error" = b.error
+    FROM unnest(%(f_id)s::bigint[], %(f_attempt)s::int4[], %(f_lease)s::uuid[], %(f_output)s::text[],
+                %(f_error)s::text[]) AS b(id, attempt, lease, output, error)
+    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease
+      AND t."state" IN ('TAKE', 'WORK', 'STOP')
+    RETURNING t.*
+), r AS (
+    -- as finish_repeat, from the finished rows
+    INSERT INTO {table} ("parent", "plan", {copy_columns})
+    SELECT t."id", CASE WHEN t."drift" THEN t."stop" + t."repeat" ELSE (
+            SELECT min(t."plan" + t."repeat" * k) FROM generate_series(
+                greatest(e.k0 - 3 - e.k0 / 10, 1), e.k0 + 3) AS k
+            WHERE t."plan" + t."repeat" * k > statement_timestamp()) END,
+        {copy_columns_t}
+    FROM f t, LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
+                                                 / extract(epoch FROM t."repeat")), 0)::bigint AS k0) e
+    WHERE t."state" IN ('DONE', 'FAIL') AND t."repeat" > '0 sec'
+)
+SELECT 'w' AS kind, "id" FROM w UNION ALL SELECT 'f', "id" FROM f
+
+-- flush_delete --
+-- As finish_delete, for the batch's finished rows without output and error.
+DELETE FROM {table} t USING unnest(%(id)s::bigint[], %(attempt)s::int4[], %(lease)s::uuid[]) AS b(id, attempt, lease)
+WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease
+  AND t."state" = 'DONE' AND t."delete" AND t."output" IS NULL AND t."error" IS NULL

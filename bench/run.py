@@ -1,0 +1,430 @@
+"""The side-by-side benchmark (issue 8): one throwaway PostgreSQL 15 cluster, one table of results.
+
+    .venv/bin/python -m bench.run                 # everything, about 5-8 minutes
+    .venv/bin/python -m bench.run --only pgtask   # a subset: names below, comma-separated
+    .venv/bin/python -m bench.run --scale 0.3     # fewer tasks per run (a quick look)
+
+Sections (--only): pgbench, pgtask, peers, pickup, claim, remote.
+
+How each figure is taken (all on the same cluster: synchronous_commit = on, fsync = on):
+- pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
+- pgtask throughput: `pgtask run` is started as a subprocess on a fresh database and is ready and
+  idle; then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
+  Throughput = tasks / (max(stop) - insert time), both the database's clock.
+- peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
+  this process, started and idle; all jobs are enqueued in one batch call; wall time until every
+  job is finished. Concurrency 16; the job body runs the same SQL on a 16-connection pool.
+- pickup: an idle service; one INSERT every 20 ms; latency = start - plan (database times).
+- claim: the scheduler's claim transaction (claim_lock + claim + next) with one due row, median
+  of 200, with 1,000 and then 1,000,000 rows planned a year ahead.
+- remote: 1,000 tasks `SELECT pg_sleep(1)`, each with `remote` pointing at this cluster, each its
+  own group, one service process; wall = max(stop) - insert time; VmHWM of the service.
+- idle RSS: the service's VmRSS after it is ready and 3 s idle (one scheduler).
+
+Prints numbers; asserts nothing (a measurement, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import asyncio
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from pgtask import provision
+from pgtask import sql as named
+from pgtask.cluster import Cluster, debian_bindir
+from pgtask.scheduler import TASK_COLUMNS
+
+ROOT = Path(__file__).resolve().parent.parent
+TRIVIAL = "SELECT 1"
+WRITING = "INSERT INTO sink (v) VALUES (1)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_status(pid: int, key: str) -> float:
+    """A /proc/PID/status figure in MB (VmRSS, VmHWM)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its waited-for children, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class Bench:
+    def __init__(self, scale: float):
+        self.scale = scale
+        self.base = Path(tempfile.mkdtemp(prefix="pgtask-bench-"))
+        self.cluster = Cluster(base=self.base, bindir=debian_bindir(15), port=free_port())
+        self.rows: list[tuple[str, str, str]] = []  # (what, figure, ratio/notes)
+        self.figures: dict[str, float] = {}
+        self.counter = 0
+
+    def n(self, count: int) -> int:
+        return max(int(count * self.scale), 50)
+
+    # -- cluster and databases -----------------------------------------------------------------
+    def start(self) -> None:
+        self.cluster.init({"max_connections": "1300", "synchronous_commit": "on", "fsync": "on",
+                           "shared_buffers": "256MB", "log_min_messages": "warning",
+                           "max_wal_size": "4GB", "checkpoint_timeout": "30min"})
+        self.cluster.start()
+
+    def database(self, provision_task: bool = True) -> str:
+        self.counter += 1
+        name = f"bench{self.counter}"
+        with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        if provision_task:
+            async def go() -> None:
+                async with await psycopg.AsyncConnection.connect(self.cluster.conninfo(name)) as conn:
+                    await provision.provision_table(conn, "public", "task", provision.Report())
+                    await conn.execute("CREATE TABLE sink (v int)")
+                    await conn.commit()
+            asyncio.run(go())
+        return name
+
+    def record(self, key: str, what: str, value: float, unit: str, note: str = "") -> None:
+        self.figures[key] = value
+        self.rows.append((what, f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}", note))
+        print(f"  {what}: {self.rows[-1][1]} {note}", flush=True)
+
+    # -- pgbench -------------------------------------------------------------------------------
+    def pgbench(self) -> None:
+        bindir = self.cluster.bindir
+        env = {**os.environ, **self.cluster.env(), "PGDATABASE": "pgbench"}
+        with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE pgbench")
+        subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
+                       capture_output=True)
+        for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
+            out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
+                                 env=env, check=True, capture_output=True, text=True).stdout
+            tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
+            self.record(key, f"pgbench {flag} (4 clients)", tps, "TPS")
+
+    # -- the service ---------------------------------------------------------------------------
+    def service(self, dbname: str, extra: str = "") -> subprocess.Popen:
+        cfg = self.base / f"{dbname}.toml"
+        cfg.write_text(f'[pgtask]\nlog_level = "info"\n{extra}')
+        log = open(self.base / f"{dbname}.log", "wb")
+        env = {**os.environ, **self.cluster.env(), "PGDATABASE": dbname}
+        cmd = [sys.executable, "-m", "pgtask.cli", "run", "--config", str(cfg)]
+        if os.environ.get("BENCH_PROFILE"):  # py-spy collapsed stacks of the service, for profiling
+            cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "-f", "raw", "-o", os.environ["BENCH_PROFILE"] + f".{dbname}",
+                   "--", *cmd]
+        proc = subprocess.Popen(cmd,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.base)
+        deadline = time.monotonic() + 60
+        logfile = self.base / f"{dbname}.log"
+        while "pgtask running" not in logfile.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pgtask run did not start:\n{logfile.read_text()}")
+            time.sleep(0.05)
+        time.sleep(0.3)
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        if os.environ.get("BENCH_PROFILE"):  # stop the profiled service: py-spy then writes and exits
+            for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+                os.kill(int(child), 15)
+            proc.wait(60)
+            return
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def wait_done(self, conn: psycopg.Connection, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = conn.execute("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL', 'GONE')").fetchone()[0]
+            if done >= n:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {done} of {n} tasks finished in {timeout}s")
+            time.sleep(0.05)
+
+    def run_tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str,
+                  remote: str | None = None, note: str = "") -> tuple[float, subprocess.Popen | None]:
+        db = self.database()
+        proc = self.service(db)
+        try:
+            with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
+                remote_value = remote.replace("DB", db) if remote else None
+                cpu0 = cpu_seconds(proc.pid)
+                t0 = conn.execute(
+                    'INSERT INTO task ("group", "max", "input", "remote") '
+                    "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
+                    "RETURNING statement_timestamp()", (groups, max_, body, remote_value, n)).fetchone()[0]
+                self.wait_done(conn, n, timeout=300)
+                wall, fails = conn.execute(
+                    "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
+                    "FROM task", (t0,)).fetchone()
+                if fails:
+                    err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
+                    print(f"  !! {fails} tasks not DONE, e.g. {err}")
+            cpu = cpu_seconds(proc.pid) - cpu0
+            self.record(key, what, n / wall, "tasks/s", note or f"(service CPU {cpu / wall:.0%} of one core)")
+            hwm = proc_status(proc.pid, "VmHWM")
+        finally:
+            self.stop(proc)
+        return wall, hwm
+
+    def pgtask(self) -> None:
+        for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
+            suffix = "" if body == TRIVIAL else "_w"
+            self.run_tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
+            self.run_tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
+            self.run_tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
+
+    # -- peers ---------------------------------------------------------------------------------
+    def peers(self) -> None:
+        for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
+            suffix = "" if body == TRIVIAL else "_w"
+            n = self.n(4000)
+            db = self.database()
+            wall = asyncio.run(self._pgqueuer(self.cluster.conninfo(db), n, body))
+            self.record(f"pgqueuer{suffix}", f"pgqueuer (asyncpg) {label}: concurrency 16", n / wall, "jobs/s")
+            db = self.database()
+            wall = asyncio.run(self._procrastinate(self.cluster.conninfo(db), n, body))
+            self.record(f"procrastinate{suffix}", f"procrastinate (psycopg) {label}: concurrency 16",
+                        n / wall, "jobs/s")
+
+    async def _pgqueuer(self, dsn: str, n: int, body: str) -> float:
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries, QueueManager
+
+        url = f"postgresql://postgres@/{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}" \
+              f"?host={self.cluster.socket_dir}&port={self.cluster.port}"
+        setup = await asyncpg.connect(url)
+        await Queries(AsyncpgDriver(setup)).install()
+        pool = await asyncpg.create_pool(url, min_size=16, max_size=16)
+        worker_conn = await asyncpg.connect(url)
+        qm = QueueManager(Queries(AsyncpgDriver(worker_conn)))
+
+        @qm.entrypoint("job", concurrency_limit=16)
+        async def job(_job) -> None:
+            await pool.execute(body)
+
+        worker = asyncio.create_task(qm.run(batch_size=10))
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        await Queries(AsyncpgDriver(setup)).enqueue(["job"] * n, [None] * n, [0] * n)
+        while await setup.fetchval("SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"):
+            await asyncio.sleep(0.05)
+        wall = time.monotonic() - t0
+        qm.shutdown.set()
+        await asyncio.wait_for(worker, 30)
+        await pool.close()
+        await setup.close()
+        return wall
+
+    async def _procrastinate(self, dsn: str, n: int, body: str) -> float:
+        import procrastinate
+
+        logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App is instantiated in the main module"
+        from psycopg_pool import AsyncConnectionPool
+
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+        pool = AsyncConnectionPool(dsn, min_size=16, max_size=16, open=False, kwargs={"autocommit": True})
+        await pool.open(wait=True)
+
+        @app.task(name="job", queue="bench")
+        async def job() -> None:
+            async with pool.connection() as conn:
+                await conn.execute(body)
+
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            worker = asyncio.create_task(app.run_worker_async(queues=["bench"], concurrency=16,
+                                                              install_signal_handlers=False))
+            await asyncio.sleep(1.0)
+            t0 = time.monotonic()
+            await job.batch_defer_async(*([{}] * n))
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                while (await (await conn.execute(
+                        "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')")).fetchone())[0]:
+                    await asyncio.sleep(0.05)
+            wall = time.monotonic() - t0
+            worker.cancel()
+            try:
+                await asyncio.wait_for(worker, 30)
+            except (asyncio.CancelledError, TimeoutError):
+                pass
+        await pool.close()
+        return wall
+
+    # -- latency -------------------------------------------------------------------------------
+    def pickup(self) -> None:
+        db = self.database()
+        proc = self.service(db)
+        n = max(self.n(300), 200)
+        try:
+            with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
+                for _ in range(n):
+                    conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+                    time.sleep(0.02)
+                self.wait_done(conn, n, timeout=60)
+                lat = [r[0] for r in conn.execute(
+                    "SELECT extract(epoch FROM start - plan)::float8 * 1000 FROM task ORDER BY id")]
+        finally:
+            self.stop(proc)
+        q = statistics.quantiles(lat, n=100, method="inclusive")
+        self.record("pickup_p50", f"pickup latency p50 ({n} tasks, idle queue)", q[49], "ms")
+        self.record("pickup_p95", "pickup latency p95", q[94], "ms")
+        self.record("pickup_p99", "pickup latency p99", q[98], "ms")
+
+    # -- claim cost ----------------------------------------------------------------------------
+    def claim(self) -> None:
+        db = self.database()
+        dsn = self.cluster.conninfo(db)
+        table = sql.Identifier("public", "task")
+
+        def q(name: str) -> sql.Composed:
+            return sql.SQL(named.query("queries.sql", name)).format(
+                table=table, task_columns=sql.SQL(TASK_COLUMNS), copy_columns=sql.SQL(""),
+                copy_columns_t=sql.SQL(""))
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            oid = conn.execute("SELECT 'public.task'::regclass::oid").fetchone()[0]
+
+            def fill(total: int) -> None:
+                have = conn.execute("SELECT count(*) FROM task").fetchone()[0]
+                conn.execute("INSERT INTO task (plan, input) SELECT now() + '1 year'::interval + i * '1 s'::interval, "
+                             "'SELECT 1' FROM generate_series(1, %s) i", (total - have,))
+                conn.execute("VACUUM ANALYZE task")
+
+            def measure() -> float:
+                times = []
+                for _ in range(200):
+                    conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+                    t = time.perf_counter()
+                    with conn.transaction():
+                        conn.execute(q("claim_lock"), {"oid": oid})
+                        rows = conn.execute(q("claim"), {"oid": oid, "limit": 1000}).fetchall()
+                        conn.execute(q("next")).fetchone()
+                    times.append((time.perf_counter() - t) * 1000)
+                    assert len(rows) == 1, rows
+                    conn.execute("SELECT pg_advisory_unlock_all()")
+                    conn.execute("UPDATE task SET state = 'DONE' WHERE state = 'TAKE'")
+                return statistics.median(times)
+
+            fill(1000)
+            small = measure()
+            self.record("claim_1k", "claim transaction, 1,000 future rows (median)", small, "ms")
+            t = time.monotonic()
+            fill(1_000_000)
+            print(f"  (filled 1,000,000 rows in {time.monotonic() - t:.0f}s)", flush=True)
+            large = measure()
+            self.record("claim_1m", "claim transaction, 1,000,000 future rows (median)", large, "ms",
+                        f"{large / small:.2f}x the 1k figure")
+
+    # -- remote and memory ---------------------------------------------------------------------
+    def remote(self) -> None:
+        db = self.database()
+        proc = self.service(db)
+        try:
+            time.sleep(3)
+            self.record("idle_rss", "service idle RSS (one scheduler)", proc_status(proc.pid, "VmRSS"), "MB")
+        finally:
+            self.stop(proc)
+        remote = f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
+        wall, hwm = self.run_tasks("remote_rate", "pgtask 1,000 remote pg_sleep(1), one group each", 1000, 1000, 0,
+                                   "SELECT pg_sleep(1)", remote=remote)
+        self.record("remote_wall", "  wall time for the 1,000 remote sleeps", wall, "s")
+        self.record("remote_hwm", "  service peak RSS (VmHWM) during them", hwm, "MB")
+
+    # -- report --------------------------------------------------------------------------------
+    def ratios(self) -> list[tuple[str, str, str]]:
+        f = self.figures
+        out = []
+
+        def add(what: str, value: float, goal: str, ok: bool) -> None:
+            out.append((what, f"{value:,.2f}", f"{goal} {'ok' if ok else 'MISSED'}"))
+
+        if "g16" in f and "pgbench_N" in f:
+            r = f["g16"] / f["pgbench_N"]
+            add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
+        peer = max(f.get("pgqueuer", 0), f.get("procrastinate", 0))
+        if "g16" in f and peer:
+            add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
+        peer_w = max(f.get("pgqueuer_w", 0), f.get("procrastinate_w", 0))
+        if "g16_w" in f and peer_w:
+            add("16-group row-writing / better peer", f["g16_w"] / peer_w, "(no goal)", True)
+        if "serial" in f:
+            add("serial group tasks/s", f["serial"], ">= 300", f["serial"] >= 300)
+        if "pickup_p50" in f:
+            add("pickup p50 ms", f["pickup_p50"], "<= 5", f["pickup_p50"] <= 5)
+            add("pickup p99 ms", f["pickup_p99"], "<= 25", f["pickup_p99"] <= 25)
+        if "claim_1m" in f:
+            r = f["claim_1m"] / f["claim_1k"]
+            add("claim at 1M / at 1k", r, "<= 1.50", r <= 1.5)
+        if "remote_wall" in f:
+            add("1,000 remote sleeps, s", f["remote_wall"], "<= 3", f["remote_wall"] <= 3)
+            add("1,000 remote sleeps, peak RSS MB", f["remote_hwm"], "<= 150", f["remote_hwm"] <= 150)
+        return out
+
+    def report(self) -> None:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+        with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+        print()
+        print(f"machine: {os.cpu_count()} CPUs ({cpu}), {platform.platform()}, Python {platform.python_version()}, "
+              f"psycopg {psycopg.__version__}, PostgreSQL {version}, synchronous_commit = on, fsync = on")
+        width = max(len(r[0]) for r in self.rows) + 2
+        print(f"{'measurement':<{width}}{'figure':>18}  notes")
+        for what, figure, note in self.rows:
+            print(f"{what:<{width}}{figure:>18}  {note}")
+        print()
+        ratios = self.ratios()
+        if ratios:
+            width = max(len(r[0]) for r in ratios) + 2
+            print(f"{'goal':<{width}}{'value':>12}  target")
+            for what, value, goal in ratios:
+                print(f"{what:<{width}}{value:>12}  {goal}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="pgbench,pgtask,peers,pickup,claim,remote")
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args()
+    b = Bench(args.scale)
+    b.start()
+    t = time.monotonic()
+    try:
+        for section in args.only.split(","):
+            print(f"== {section}", flush=True)
+            getattr(b, section.strip())()
+        b.report()
+        print(f"\n(total {time.monotonic() - t:.0f}s)")
+    finally:
+        b.cluster.destroy()
+
+
+if __name__ == "__main__":
+    main()
