@@ -8,7 +8,7 @@ How and why: ../../shared/notes/systemd-host-for-ansible-tests.md (measured on t
 - ``Container`` boots the tree with ``--volatile=overlay`` (the cached tree is never written) and gives
   Ansible an SSH connection through ``nsenter … sshd -i`` (no port, no veth).
 
-Run as a script to build the cache ahead of the tests: ``python tests/ansible/nspawn.py``.
+Run as a script to build the cache ahead of the tests: ``python tests/ansible/pgtask_nspawn.py``.
 """
 
 from __future__ import annotations
