@@ -26,8 +26,8 @@ SUITE = "bookworm"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "openssh-server", "sudo", "acl",
     # what the role installs with apt (the container has no network): python3-packaging for
-    # ansible.builtin.pip, PostgreSQL for pgtask_manage_postgresql
-    "python3-packaging", "postgresql",
+    # ansible.builtin.pip, python3-apt for ansible.builtin.apt, PostgreSQL for pgtask_manage_postgresql
+    "python3-apt", "python3-packaging", "postgresql",
 ]
 # Bump when the recipe below changes in a way the package list does not show.
 RECIPE_VERSION = "1"
@@ -122,6 +122,11 @@ def build_rootfs(log=print) -> Path:
     subprocess.run(["chroot", str(tmp), "apt-get", "clean"], check=True)
     (tmp / ".pgtask-rootfs-ok").write_text(RECIPE_HASH + "\n")
     tmp.rename(root)
+    if not os.environ.get("PGTASK_TEST_ROOTFS"):  # older recipes' trees are of no further use
+        for old in CACHE_ROOT.glob(f"{SUITE}-*"):
+            if old != root and not old.name.endswith(".tmp") and old.is_dir():
+                _umount_below(old)
+                shutil.rmtree(old, ignore_errors=True)
     return root
 
 

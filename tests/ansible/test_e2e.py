@@ -1,0 +1,173 @@
+"""The playbook for real, on a booted Debian bookworm host with systemd as PID 1 (systemd-nspawn).
+
+The tests of this module share one host and run in order: check mode on the fresh host, the first
+run (PostgreSQL, pgtask from a wheelhouse built from this repository, provisioning, the unit), a task
+reaching DONE, a second run with changed=0, check mode on the converged host, the unit verified by
+systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from conftest import Run, run_playbook, wait_for
+
+HOST = "box"
+pytestmark = pytest.mark.timeout(900)
+
+ENTRIES = [{"data": "postgres"}]
+NEW_ENTRY = {"data": "app1", "user": "app1", "schema": "jobs", "table": "task", "sleep": 500}
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    # fresh per session: the wheel is built from this checkout by the role itself
+    return tmp_path_factory.mktemp("wheelhouse")
+
+
+@pytest.fixture(scope="module")
+def deploy(host, wheelhouse, tmp_path_factory):
+    """deploy(entries, *args) writes the inventory for the booted host and runs the playbook."""
+    inv_dir = tmp_path_factory.mktemp("inventory")
+
+    def run(entries, *args: str) -> Run:
+        inventory = {
+            "all": {
+                "hosts": {HOST: {
+                    "ansible_host": host.name,
+                    "ansible_user": "root",
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "ansible_ssh_private_key_file": str(host_key()),
+                    "ansible_ssh_args": host.ssh_args(),
+                }},
+                "vars": {
+                    "pgtask_manage_postgresql": True,
+                    # the host has no network: its packages came with the root filesystem
+                    "pgtask_apt_update_cache": False,
+                    "pgtask_wheelhouse_dir": str(wheelhouse),
+                    "pgtask_entries": entries,
+                    "pgtask_sleep": 500,
+                    "pgtask_grace": 5,
+                    "pgtask_log_level": "debug",
+                },
+                "children": {"pgtask_db": {"hosts": {HOST: {}}},
+                             "pgtask_scheduler": {"hosts": {HOST: {}}}},
+            }
+        }
+        path = inv_dir / "hosts.yml"
+        path.write_text(yaml.safe_dump(inventory))
+        return run_playbook(path, *args)
+
+    return run
+
+
+def host_key():
+    import pgtask_nspawn
+
+    return pgtask_nspawn.ssh_key_path()
+
+
+def psql(host, sql: str, db: str = "postgres") -> str:
+    return host.sh(f"psql -XAtq -d {shlex.quote(db)} -c {shlex.quote(sql)}", user="postgres").stdout.strip()
+
+
+def main_pid(host) -> int:
+    return int(host.sh("systemctl show -P MainPID pgtask").stdout.strip())
+
+
+def assert_ok(run: Run) -> dict[str, int]:
+    recap = run.recap(HOST)
+    assert run.rc == 0 and recap["failed"] == 0 and recap["unreachable"] == 0, run.output[-6000:]
+    return recap
+
+
+def journal(host) -> str:
+    return host.sh("journalctl -u pgtask --no-pager -n 80", check=False).stdout
+
+
+def test_check_mode_on_a_fresh_host(host, deploy):
+    run = deploy(ENTRIES, "--check", "--diff")
+    recap = assert_ok(run)
+    assert recap["changed"] > 0  # it would change things…
+    assert host.sh("test -e /etc/pgtask/pgtask.toml", check=False).returncode != 0  # …and did not
+
+
+def test_first_run_installs_and_starts_the_service(host, deploy):
+    run = deploy(ENTRIES)
+    recap = assert_ok(run)
+    assert recap["changed"] > 0
+    assert any("Provision" in name for name in run.changed_tasks()), run.changed_tasks()
+    wait_for(lambda: host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active",
+             30, "pgtask to be active")
+    assert host.sh("stat -c '%a %U %G' /etc/pgtask/pgtask.toml /etc/pgtask/pgtask.env").stdout.split(
+        "\n")[:2] == ["640 root pgtask", "640 root pgtask"]
+    assert host.sh("stat -c %U /proc/$(systemctl show -P MainPID pgtask)").stdout.strip() == "pgtask"
+
+
+def test_a_task_reaches_done(host):
+    task_id = psql(host, "INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id")
+
+    def state():
+        return psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}")
+
+    final = wait_for(lambda: (s := state()).startswith(("DONE", "FAIL")) and s, 60,
+                     f"task {task_id} to finish; journal:\n{journal(host)}")
+    assert final == "DONE|1", final
+
+
+def test_second_run_changes_nothing(host, deploy):
+    pid = main_pid(host)
+    run = deploy(ENTRIES)
+    recap = assert_ok(run)
+    assert recap["changed"] == 0, run.changed_tasks()
+    assert main_pid(host) == pid
+
+
+def test_check_mode_on_the_converged_host(deploy):
+    run = deploy(ENTRIES, "--check", "--diff")
+    recap = assert_ok(run)
+    assert recap["changed"] == 0, run.changed_tasks()
+
+
+def test_rendered_unit_verifies(host):
+    unit = host.sh("cat /etc/systemd/system/pgtask.service").stdout
+    assert unit.startswith("#") and "Ansible managed" in unit
+    res = host.sh("systemd-analyze verify --man=no /etc/systemd/system/pgtask.service", check=False)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    exposure = host.sh("systemd-analyze security --no-pager pgtask.service | tail -1", check=False).stdout
+    print("systemd-analyze security:", exposure.strip())
+
+
+def test_new_entry_reloads_and_is_provisioned(host, deploy):
+    pid = main_pid(host)
+    run = deploy([*ENTRIES, NEW_ENTRY])
+    recap = assert_ok(run)
+    changed = run.changed_tasks()
+    assert any("Reload pgtask" in name for name in changed), changed
+    assert not any("Restart pgtask" in name for name in changed), changed
+    assert any("Provision" in name for name in changed), changed
+    # reloaded, not restarted
+    assert main_pid(host) == pid
+    assert psql(host, "SELECT 1 FROM pg_roles WHERE rolname = 'app1'") == "1"
+    assert psql(host, "SELECT to_regclass('jobs.task') IS NOT NULL", db="app1") == "t"
+    # the new entry's scheduler runs tasks
+    task_id = psql(host, "INSERT INTO jobs.task (input) VALUES ('SELECT 2') RETURNING id", db="app1")
+    final = wait_for(
+        lambda: (s := psql(host, f"SELECT state, output FROM jobs.task WHERE id = {int(task_id)}",
+                           db="app1")).startswith(("DONE", "FAIL")) and s,
+        60, f"task {task_id} in app1 to finish; journal:\n{journal(host)}")
+    assert final == "DONE|2", final
+    assert recap["changed"] >= 2
+    again = deploy([*ENTRIES, NEW_ENTRY])
+    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
+def test_provision_report_is_json(host):
+    out = host.sh("/opt/pgtask/venv/bin/pgtask provision --config /etc/pgtask/pgtask.toml --json",
+                  user="pgtask").stdout
+    report = json.loads(out)
+    assert report["changed"] is False and report["actions"] == []
