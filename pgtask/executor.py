@@ -1,0 +1,209 @@
+"""Local execution: a task's input runs on a connection of its own author (the manual's pg_task).
+
+How a task takes its author's role (``[pgtask] execute_as``):
+  login    -- the executor session logs in as task.user; RESET ROLE / SET ROLE / SET SESSION
+              AUTHORIZATION inside input cannot leave that role (needs LOGIN and an auth method
+              that lets the service in as that role: trust, peer + pg_ident map, .pgpass);
+  set_role -- the service's own session runs SET ROLE task.user (the C extension's way): input
+              running as a role whose session user is privileged can RESET ROLE.
+  auto     -- login where the server allows it, else set_role (logged once per role).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pglast
+import psycopg
+from psycopg import pq, sql
+from psycopg.conninfo import make_conninfo
+
+from . import wire
+from .output import Format, Output, format_error, simple_error
+
+log = logging.getLogger("pgtask.executor")
+
+
+@dataclass
+class Task:
+    """A claimed row: what the executor needs, read once at claim time (frozen after PLAN)."""
+
+    id: int
+    attempt: int
+    lease: object
+    group: str
+    remote: str | None
+    max: int
+    user: str
+    input: str
+    timeout_ms: int
+    header: bool
+    string: bool
+    null: str
+    delimiter: str
+    quote: str
+    escape: str
+    save: bool
+    count: int
+    delete: bool
+    now: object = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: dict) -> Task:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in row.items() if k in names and k != "extra"})
+
+    @property
+    def fence(self) -> dict:
+        return {"id": self.id, "attempt": self.attempt, "lease": self.lease}
+
+    def format(self) -> Format:
+        return Format(delimiter=self.delimiter, quote=self.quote, escape=self.escape, null=self.null,
+                      header=self.header, string=self.string)
+
+
+def refused_copy(text: str) -> str | None:
+    """Local input may not use COPY ... FROM STDIN / TO STDOUT (there is no client to stream to)."""
+    try:
+        statements = pglast.parse_sql(text)
+    except pglast.parser.ParseError:
+        return None  # the server reports the syntax error itself
+    for raw in statements:
+        stmt = raw.stmt
+        if type(stmt).__name__ == "CopyStmt" and stmt.filename is None and not stmt.is_program:
+            return "COPY FROM STDIN is not supported" if stmt.is_from else "COPY TO STDOUT is not supported"
+    return None
+
+
+class Session:
+    """One executor connection: a task author's session (or the service's, in set_role mode)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool):
+        self.conn, self.user, self.set_role = conn, user, set_role
+        self.dirty = False
+
+    @property
+    def pgconn(self) -> pq.abc.PGconn:
+        return self.conn.pgconn
+
+    @property
+    def pid(self) -> int:
+        return self.conn.info.backend_pid
+
+    @property
+    def encoding(self) -> str:
+        return self.conn.info.encoding
+
+    async def reset(self) -> None:
+        """Back to a clean session (the manual: unless save, nothing carries to the next task)."""
+        if not self.dirty:
+            return
+        err = await wire.simple(self.pgconn, "DISCARD ALL", self.encoding)
+        if err is not None:
+            raise psycopg.OperationalError(format_error(err, None))
+        self.dirty = False
+
+
+class SessionPool:
+    """Idle executor sessions per role, opened on demand."""
+
+    def __init__(self, base_conninfo: str, service_user: str, mode: str, idle_per_user: int = 32):
+        self.base, self.service_user, self.mode = base_conninfo, service_user, mode
+        self.idle: dict[str, list[Session]] = {}
+        self.idle_per_user = idle_per_user
+        self.no_login: set[str] = set()
+
+    async def get(self, user: str, application_name: str) -> Session:
+        pool = self.idle.get(user)
+        while pool:
+            session = pool.pop()
+            if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                return session
+            await session.conn.close()
+        use_login = self.mode == "login" or (self.mode == "auto" and user not in self.no_login)
+        if use_login or user == self.service_user:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    make_conninfo(self.base, user=user, application_name=application_name), autocommit=True)
+                return Session(conn, user, set_role=False)
+            except psycopg.OperationalError as exc:
+                if self.mode == "login" or "not permitted to log in" not in str(exc) and \
+                        "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
+                    raise
+                self.no_login.add(user)
+                log.warning("role %s cannot log in (%s); its tasks run through SET ROLE from the service role",
+                            user, str(exc).strip().splitlines()[-1])
+        conn = await psycopg.AsyncConnection.connect(
+            make_conninfo(self.base, application_name=application_name), autocommit=True)
+        return Session(conn, user, set_role=True)
+
+    async def put(self, session: Session) -> None:
+        if session.conn.closed:
+            return
+        try:
+            await session.reset()
+        except psycopg.Error:
+            await session.conn.close()
+            return
+        pool = self.idle.setdefault(session.user, [])
+        if len(pool) < self.idle_per_user:
+            pool.append(session)
+        else:
+            await session.conn.close()
+
+    async def discard(self, session: Session) -> None:
+        await session.conn.close()
+
+    async def close(self) -> None:
+        for pool in self.idle.values():
+            for session in pool:
+                await session.conn.close()
+        self.idle.clear()
+
+
+def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> str:
+    """Session settings for one task: what the manual's pg_task worker sets before input."""
+    parts = []
+    if set_role:
+        parts.append(sql.SQL("SET ROLE {}").format(sql.Identifier(task.user)))
+    for name, value in (("pg_task.id", str(task.id)), ("pg_task.group", task.group),
+                        ("pg_task.schema", schema), ("pg_task.table", table), ("pg_task.oid", str(oid)),
+                        ("application_name", f"pg_task {schema} {table} {task.group}"),
+                        ("statement_timeout", str(task.timeout_ms))):
+        parts.append(sql.SQL("SET SESSION {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+    return "; ".join(p.as_string(None) for p in parts)
+
+
+async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
+                    output_limit: int) -> tuple[str | None, str | None]:
+    """Run one task's input on ``session``; returns (output, error).
+
+    Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
+    """
+    out = Output(task.format(), output_limit, session.encoding)
+    session.dirty = True
+    error: str | None = None
+    err = await wire.simple(session.pgconn, preamble(task, schema, table, oid, session.set_role),
+                            session.encoding)
+    if err is not None:
+        error = format_error(err, task.input, session.encoding)
+    elif (refusal := refused_copy(task.input)) is not None:
+        error = simple_error(refusal, statement=task.input)
+    else:
+        err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
+        if err is not None:
+            error = format_error(err, task.input, session.encoding)
+        status = session.pgconn.transaction_status
+        if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+            # A transaction left open by input is committed (a failed one rolls back); tag not printed.
+            end = await wire.simple(session.pgconn, "COMMIT", session.encoding)
+            if end is not None and error is None:
+                error = format_error(end, task.input, session.encoding)
+    if session.set_role:
+        await wire.simple(session.pgconn, "RESET ROLE", session.encoding)
+    output = out.value()
+    if error is not None and output is None:
+        output = ""
+    return output, error

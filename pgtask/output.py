@@ -1,0 +1,143 @@
+"""Result and error text, exactly as pg_task writes them (spec section 7).
+
+output: pieces (header line, data rows, command tags) joined by "\\n"; NULL until the first piece.
+error:  "<SEVERITY>:  <message>[ at character N]" then DETAIL/HINT/QUERY/CONTEXT/STATEMENT lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import pq
+
+# Types whose values are never quoted when `string` is on (pg_task's "nonstring" set).
+NONSTRING_OIDS = frozenset({16, 1560, 29, 700, 701, 21, 23, 20, 1700, 26, 27, 28})
+
+DML_TAGS = (b"INSERT", b"UPDATE", b"DELETE", b"MERGE")
+TRUNCATED = "\n... [output truncated at {limit} bytes by pgtask]"
+
+
+@dataclass(frozen=True)
+class Format:
+    delimiter: str = "\t"
+    quote: str = ""
+    escape: str = ""
+    null: str = "\\N"
+    header: bool = True
+    string: bool = True
+
+
+class Output:
+    """Accumulates output pieces with a byte cap (bounded memory for huge results)."""
+
+    def __init__(self, fmt: Format, limit: int, encoding: str = "utf-8"):
+        self.fmt, self.limit, self.encoding = fmt, limit, encoding
+        self.parts: list[str] = []
+        self.size = 0
+        self.pieces = 0
+        self.truncated = False
+
+    def _append(self, text: str) -> None:
+        if self.truncated:
+            return
+        if self.size + len(text) > self.limit:
+            text = text[: max(self.limit - self.size, 0)]
+            self.truncated = True
+        self.parts.append(text)
+        self.size += len(text)
+        if self.truncated:
+            self.parts.append(TRUNCATED.format(limit=self.limit))
+
+    def piece(self, text: str) -> None:
+        if self.pieces:
+            self._append("\n")
+        self.pieces += 1
+        self._append(text)
+
+    def raw(self, text: str) -> None:
+        """COPY TO STDOUT data: appended as is, with no separator."""
+        self.pieces += 1
+        self._append(text)
+
+    def value(self) -> str | None:
+        return "".join(self.parts) if self.pieces else None
+
+    def _quoted(self, value: str, nonstring: bool) -> str:
+        f = self.fmt
+        if not f.quote or (f.string and nonstring):
+            return value
+        if f.escape:
+            value = "".join(f.escape + ch if ch in (f.quote, f.escape) else ch for ch in value)
+        return f"{f.quote}{value}{f.quote}"
+
+    def result(self, res: pq.PGresult, local: bool) -> None:
+        """Append one result set: header and rows, or the command tag."""
+        tag = (res.command_status or b"")
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            enc = self.encoding
+            nfields = res.nfields
+            nonstring = [res.ftype(i) in NONSTRING_OIDS for i in range(nfields)]
+            if self.fmt.header and res.ntuples > 0 and nfields > 1:
+                self.piece(self.fmt.delimiter.join(
+                    self._quoted((res.fname(i) or b"").decode(enc), False) for i in range(nfields)))
+            for row in range(res.ntuples):
+                cells = []
+                for col in range(nfields):
+                    raw = res.get_value(row, col)
+                    cells.append(self.fmt.null if raw is None else self._quoted(raw.decode(enc), nonstring[col]))
+                self.piece(self.fmt.delimiter.join(cells))
+                if self.truncated:
+                    return
+            # Locally a DML statement with RETURNING prints its rows and then its tag.
+            if local and tag.startswith(DML_TAGS):
+                self.piece(tag.decode(enc))
+        elif res.status == pq.ExecStatus.COMMAND_OK and tag:
+            self.piece(tag.decode(self.encoding))
+
+
+def _tabbed(text: str) -> str:
+    return text.replace("\n", "\n\t")
+
+
+def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str = "utf-8",
+                 message: str | None = None, verbose: bool = False) -> str:
+    """The error text of a failed result (or of a bare message with no result)."""
+    def field(code: pq.DiagnosticField) -> str | None:
+        if res is None:
+            return None
+        raw = res.error_field(code)
+        return raw.decode(encoding, "replace") if raw is not None else None
+
+    F = pq.DiagnosticField
+    severity = field(F.SEVERITY) or "ERROR"
+    primary = field(F.MESSAGE_PRIMARY)
+    if primary is None:
+        primary = message or (res.error_message.decode(encoding, "replace").strip() if res else "unknown error")
+        if primary.startswith(("ERROR:  ", "FATAL:  ")):
+            primary = primary.split(":  ", 1)[1]
+    head = f"{severity}:  "
+    if verbose and field(F.SQLSTATE):
+        head += f"{field(F.SQLSTATE)}: "
+    head += primary
+    pos = field(F.STATEMENT_POSITION) or field(F.INTERNAL_POSITION)
+    if pos:
+        head += f" at character {pos}"
+    lines = [_tabbed(head)]
+    for label, code in (("DETAIL", F.MESSAGE_DETAIL), ("HINT", F.MESSAGE_HINT),
+                        ("QUERY", F.INTERNAL_QUERY), ("CONTEXT", F.CONTEXT)):
+        value = field(code)
+        if value:
+            lines.append(f"{label}:  {_tabbed(value)}")
+    if input_text is not None:
+        lines.append(f"STATEMENT:  {_tabbed(input_text)}")
+    return "\n".join(lines)
+
+
+def simple_error(message: str, detail: str | None = None, statement: str | None = None) -> str:
+    """Error text for failures that have no server result (refused input, connection errors)."""
+    lines = [f"ERROR:  {_tabbed(message)}"]
+    if detail:
+        lines.append(f"DETAIL:  {_tabbed(detail)}")
+    if statement is not None:
+        lines.append(f"STATEMENT:  {_tabbed(statement)}")
+    return "\n".join(lines)

@@ -1,0 +1,312 @@
+"""Idempotent provisioning: role, database, schema, enum, table, defaults, constraints, indexes,
+triggers. Every step checks pg_catalog first and only creates or alters what is missing or
+different; the caller gets the list of what changed (``pgtask provision --json``).
+
+Objects a user added (columns, triggers, indexes, partitions) are never dropped or rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from . import sql as named
+
+# Column name -> SQL type, in the manual's order, plus attempt/lease for fencing.
+COLUMNS: dict[str, str] = {
+    "id": "bigint", "parent": "bigint", "plan": "timestamptz", "start": "timestamptz",
+    "stop": "timestamptz", "active": "interval", "live": "interval", "repeat": "interval",
+    "timeout": "interval", "count": "integer", "max": "integer", "pid": "integer", "state": None,
+    "delete": "boolean", "drift": "boolean", "header": "boolean", "save": "boolean",
+    "string": "boolean", "delimiter": '"char"', "escape": '"char"', "quote": '"char"', "data": "text",
+    "error": "text", "group": "text", "input": "text", "null": "text", "output": "text",
+    "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid",
+}
+NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease"}
+
+
+def _setting(name: str, default: str, cast: str) -> str:
+    return f"COALESCE(NULLIF(current_setting('pg_task.{name}', true), ''), {default})::{cast}"
+
+
+# Column defaults: the inserting session's pg_task.* setting, else the manual's default.
+DEFAULTS: dict[str, str] = {
+    "parent": "NULLIF(NULLIF(current_setting('pg_task.id', true), ''), '0')::bigint",
+    "plan": ("COALESCE(NULLIF(NULLIF(current_setting('pg_task.plan', true), ''), "
+             "'statement_timestamp()')::timestamptz, statement_timestamp())"),
+    "active": _setting("active", "'1 hour'", "interval"),
+    "live": _setting("live", "'0 sec'", "interval"),
+    "repeat": _setting("repeat", "'0 sec'", "interval"),
+    "timeout": _setting("timeout", "'0 sec'", "interval"),
+    "count": _setting("count", "'0'", "integer"),
+    "max": _setting("max", "'0'", "integer"),
+    "delete": _setting("delete", "'true'", "boolean"),
+    "drift": _setting("drift", "'false'", "boolean"),
+    "header": _setting("header", "'true'", "boolean"),
+    "save": _setting("save", "'false'", "boolean"),
+    "string": _setting("string", "'true'", "boolean"),
+    "delimiter": _setting("delimiter", "E'\\t'", '"char"'),
+    "escape": "COALESCE(current_setting('pg_task.escape', true), '')::\"char\"",
+    "quote": "COALESCE(current_setting('pg_task.quote', true), '')::\"char\"",
+    "group": _setting("group", "'group'", "text"),
+    "null": _setting("null", "'\\N'", "text"),
+    "user": "CURRENT_USER",
+    "attempt": "0",
+}
+CHECKS: dict[str, str] = {
+    "active": '"active" > \'0 sec\'::interval',
+    "live": '"live" >= \'0 sec\'::interval',
+    "repeat": '"repeat" >= \'0 sec\'::interval',
+    "timeout": '"timeout" >= \'0 sec\'::interval',
+    "count": '"count" >= 0',
+    "attempt": '"attempt" >= 0',
+}
+COMMENTS: dict[str, str] = {
+    "id": "Primary key", "parent": "Parent task id (if exists, like foreign key to id, but without constraint, for performance)",
+    "plan": "Planned date and time of start", "start": "Actual date and time of start",
+    "stop": "Actual date and time of stop",
+    "active": "Positive period after plan time, when task is active for executing",
+    "live": "Non-negative maximum time of live of current background worker process before exit",
+    "repeat": "Non-negative auto repeat tasks interval", "timeout": "Non-negative allowed time for task run",
+    "count": "Non-negative maximum count of tasks, are executed by current background worker process before exit",
+    "max": "Maximum count of additional concurrently executing tasks in group, negative value means pause between tasks in milliseconds",
+    "pid": "Id of process executing task", "state": "Task state",
+    "delete": "Auto delete task when both output and error are nulls",
+    "drift": "Compute next repeat time by stop time instead by plan time",
+    "header": "Show columns headers in output", "save": "Save session state between tasks",
+    "string": "Quote only strings", "delimiter": "Results columns delimiter",
+    "escape": "Results columns escape", "quote": "Results columns quote", "data": "Some user data",
+    "error": "Catched error", "group": "Task grouping by name", "input": "Sql command(s) to execute",
+    "null": "Null text value representation", "output": "Received result(s)",
+    "remote": "Connect to remote database (if need)",
+    "user": "Role that inserted the task; input runs as this role; immutable",
+    "attempt": "Claims so far (fencing)", "lease": "Token of the current claim (fencing)",
+}
+# trigger name suffix -> the query names in triggers.sql
+TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
+INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "parent_idx": "index_parent",
+           "state_idx": "index_state"}
+LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
+
+
+@dataclass
+class Report:
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.actions)
+
+    def add(self, what: str) -> None:
+        self.actions.append(what)
+
+
+def channel(table_oid: int) -> str:
+    """The NOTIFY channel of a task table."""
+    return f"pg_task_{table_oid}"
+
+
+async def _one(conn: psycopg.AsyncConnection, query, params=()) -> tuple | None:
+    cur = await conn.execute(query, params)
+    return await cur.fetchone()
+
+
+async def ensure_role(conn: psycopg.AsyncConnection, role: str, report: Report) -> None:
+    if await _one(conn, "SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)) is None:
+        await conn.execute(sql.SQL("CREATE ROLE {} WITH LOGIN").format(sql.Identifier(role)))
+        report.add(f"created role {role}")
+
+
+async def ensure_database(conn: psycopg.AsyncConnection, data: str, owner: str, report: Report) -> None:
+    """``conn`` must be in autocommit mode (CREATE DATABASE cannot run in a transaction)."""
+    if await _one(conn, "SELECT 1 FROM pg_database WHERE datname = %s", (data,)) is None:
+        await conn.execute(sql.SQL("CREATE DATABASE {} WITH OWNER = {}").format(
+            sql.Identifier(data), sql.Identifier(owner)))
+        report.add(f"created database {data}")
+
+
+class TableProvisioner:
+    """Brings one schema.table to the current definition, inside the entry's database."""
+
+    def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report):
+        self.conn, self.schema, self.table, self.report = conn, schema, table, report
+        self.ids = {
+            "schema": sql.Identifier(schema),
+            "table": sql.Identifier(schema, table),
+            "state": sql.Identifier(schema, "state"),
+        }
+        self.name = f"{schema}.{table}"
+
+    def q(self, file: str, name: str, **extra) -> sql.Composed:
+        return sql.SQL(named.query(file, name)).format(**self.ids, **extra)
+
+    async def run(self) -> int:
+        """Provision everything; returns the table's oid."""
+        await self.schema_and_type()
+        oid = await self.table_and_columns()
+        await self.defaults_and_constraints()
+        await self.indexes()
+        await self.triggers(oid)
+        return oid
+
+    async def schema_and_type(self) -> None:
+        c = self.conn
+        if await _one(c, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)) is None:
+            await c.execute(self.q("table.sql", "create_schema"))
+            self.report.add(f"created schema {self.schema}")
+        have = await _one(c, """SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder)
+            FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+            LEFT JOIN pg_enum e ON e.enumtypid = t.oid
+            WHERE n.nspname = %s AND t.typname = 'state' GROUP BY t.oid""", (self.schema,))
+        if have is None:
+            await c.execute(self.q("table.sql", "create_state"))
+            self.report.add(f"created type {self.schema}.state")
+        else:
+            for label in LABELS:
+                if label not in (have[0] or []):
+                    await c.execute(sql.SQL("ALTER TYPE {} ADD VALUE {}").format(
+                        self.ids["state"], sql.Literal(label)))
+                    self.report.add(f"added label {label} to {self.schema}.state")
+
+    async def table_and_columns(self) -> int:
+        c = self.conn
+        row = await _one(c, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""", (self.schema, self.table))
+        if row is None:
+            await c.execute(self.q("table.sql", "create_table"))
+            self.report.add(f"created table {self.name}")
+            row = await _one(c, "SELECT %s::regclass::oid", (self.name_literal(),))
+        oid = row[0]
+        cur = await c.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+                              "AND NOT attisdropped", (oid,))
+        have = {r[0] for r in await cur.fetchall()}
+        for col, typ in COLUMNS.items():
+            if col in have:
+                continue
+            coltype = self.ids["state"] if typ is None else sql.SQL(typ)
+            await c.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                self.ids["table"], sql.Identifier(col), coltype))
+            self.report.add(f"added column {col} to {self.name}")
+        cur = await c.execute("SELECT objsubid, description FROM pg_description WHERE objoid = %s "
+                              "AND classoid = 'pg_class'::regclass", (oid,))
+        comments = dict(await cur.fetchall())
+        if comments.get(0) is None:
+            await c.execute(sql.SQL("COMMENT ON TABLE {} IS 'Tasks'").format(self.ids["table"]))
+        cur = await c.execute("SELECT attname, attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0",
+                              (oid,))
+        for name, num in await cur.fetchall():
+            if name in COMMENTS and comments.get(num) != COMMENTS[name]:
+                await c.execute(sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                    self.ids["table"], sql.Identifier(name), sql.Literal(COMMENTS[name])))
+        return oid
+
+    def name_literal(self) -> str:
+        return sql.Identifier(self.schema, self.table).as_string(None)
+
+    async def defaults_and_constraints(self) -> None:
+        c = self.conn
+        state_default = f"'PLAN'::{self.ids['state'].as_string(c)}"
+        wanted = {**DEFAULTS, "state": state_default}
+        cur = await c.execute("""SELECT a.attname, pg_get_expr(d.adbin, d.adrelid), a.attnotnull
+            FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped""", (self.name_literal(),))
+        current = {name: (expr, notnull) for name, expr, notnull in await cur.fetchall()}
+        for col, expr in wanted.items():
+            before = current[col][0]
+            # Compare the server's own deparsed text: set it inside a savepoint, keep it only if it changed.
+            try:
+                async with c.transaction():
+                    await c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT {}").format(
+                        self.ids["table"], sql.Identifier(col), sql.SQL(expr)))
+                    after = await _one(c, """SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef
+                        WHERE adrelid = %s::regclass AND adnum = (SELECT attnum FROM pg_attribute
+                        WHERE attrelid = %s::regclass AND attname = %s)""",
+                                       (self.name_literal(), self.name_literal(), col))
+                    if after and after[0] == before:
+                        raise _Unchanged
+            except _Unchanged:
+                continue
+            await c.execute(sql.SQL("UPDATE {} SET {} = DEFAULT WHERE {} IS NULL").format(
+                self.ids["table"], sql.Identifier(col), sql.Identifier(col)))
+            self.report.add(f"set default of {self.name}.{col}")
+        for col in COLUMNS:
+            notnull = current[col][1]
+            if col in NULLABLE and notnull:
+                await c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
+                    self.ids["table"], sql.Identifier(col)))
+                self.report.add(f"dropped NOT NULL on {self.name}.{col}")
+            elif col not in NULLABLE and not notnull:
+                await c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NOT NULL").format(
+                    self.ids["table"], sql.Identifier(col)))
+                self.report.add(f"set NOT NULL on {self.name}.{col}")
+        cur = await c.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+                              (self.name_literal(),))
+        have = {r[0] for r in await cur.fetchall()}
+        for col, check in CHECKS.items():
+            name = _ident_name(f"{self.table}_{col}_check")
+            if name not in have:
+                await c.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK ({})").format(
+                    self.ids["table"], sql.Identifier(name), sql.SQL(check)))
+                self.report.add(f"added check {name}")
+
+    async def indexes(self) -> None:
+        c = self.conn
+        cur = await c.execute("""SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+            WHERE x.indrelid = %s::regclass""", (self.name_literal(),))
+        have = {r[0] for r in await cur.fetchall()}
+        for suffix, query_name in INDEXES.items():
+            name = _ident_name(f"{self.table}_{suffix}")
+            if name not in have:
+                await c.execute(self.q("table.sql", query_name, index=sql.Identifier(name)))
+                self.report.add(f"created index {name}")
+
+    async def triggers(self, oid: int) -> None:
+        c = self.conn
+        cur = await c.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal", (oid,))
+        have_triggers = {r[0] for r in await cur.fetchall()}
+        for kind in TRIGGERS:
+            fn_name = _ident_name(f"{self.table}_{kind}")
+            fn = sql.Identifier(self.schema, fn_name)
+            create_fn = self.q("triggers.sql", kind, fn=fn, channel=sql.Literal(channel(oid)))
+            text = create_fn.as_string(c)
+            body = text.split("$body$")[1]
+            row = await _one(c, """SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = %s AND p.proname = %s AND p.pronargs = 0""", (self.schema, fn_name))
+            if row is None or row[0] != body:
+                await c.execute(create_fn)
+                self.report.add(f"{'created' if row is None else 'replaced'} function {self.schema}.{fn_name}")
+            if fn_name not in have_triggers:
+                await c.execute(self.q("triggers.sql", f"{kind}_trigger", fn=fn,
+                                       trigger=sql.Identifier(fn_name)))
+                self.report.add(f"created trigger {fn_name} on {self.name}")
+
+
+class _Unchanged(Exception):
+    """Raised inside a savepoint to roll back a no-op ALTER."""
+
+
+def _ident_name(name: str) -> str:
+    """PostgreSQL truncates identifiers to 63 bytes; compare names the way the catalog stores them."""
+    raw = name.encode()
+    if len(raw) <= 63:
+        return name
+    return raw[:63].decode(errors="ignore")
+
+
+async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report) -> int:
+    """Run all table steps in one transaction; returns the table oid."""
+    async with conn.transaction():
+        # one provisioner at a time per table, across service instances
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask provision {schema}.{table}",))
+        return await TableProvisioner(conn, schema, table, report).run()
+
+
+_IDENT = re.compile(r"^[^\x00]+$")
+
+
+def check_identifier(kind: str, value: str) -> None:
+    if not value or not _IDENT.match(value) or len(value.encode()) > 63:
+        raise ValueError(f"{kind} {value!r}: must be 1-63 bytes without NUL")

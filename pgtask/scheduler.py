@@ -1,0 +1,395 @@
+"""One scheduler per entry (the manual's pg_work): provision, listen, claim, run, finish, reset.
+
+Connections (all as the entry's role, in the entry's database):
+  control  -- claims; holds the liveness lock of every task this scheduler has in flight
+  listener -- LISTEN on the table's channel: wake-ups and STOP requests (hints only)
+  writers  -- a small pool for fenced TAKE->WORK and finish transactions
+  sessions -- executor sessions of task authors (executor.SessionPool)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import provision
+from . import sql as named
+from .config import Entry
+from .executor import Session, SessionPool, Task, run_input
+from .output import simple_error
+
+log = logging.getLogger("pgtask.scheduler")
+
+TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user", t."input",
+    (extract(epoch FROM t."timeout")::int4 * 1000) AS timeout_ms, t."header", t."string", t."null",
+    t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
+    t."count", t."delete", statement_timestamp() AS now"""
+
+
+@dataclass
+class Options:
+    sleep: float          # seconds: the poll floor (pg_task.sleep)
+    run: int              # tasks in flight at most (pg_task.run)
+    limit: int            # rows per claim (pg_task.limit)
+    reset_check: float    # seconds between orphan checks
+    output_limit: int
+    execute_as: str
+    grace: float
+
+
+class Backoff:
+    """Bounded exponential backoff with jitter for reconnects."""
+
+    def __init__(self, first: float = 0.1, cap: float = 3.0):
+        self.first, self.cap, self.delay = first, cap, first
+
+    def next(self) -> float:
+        delay = self.delay * (0.5 + random.random() / 2)
+        self.delay = min(self.delay * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+
+class Scheduler:
+    def __init__(self, entry: Entry, base_conninfo: str, options: Options):
+        self.entry, self.options = entry, options
+        self.conninfo = make_conninfo(base_conninfo, dbname=entry.data, user=entry.user)
+        self.base_for_sessions = make_conninfo(base_conninfo, dbname=entry.data)
+        self.table = sql.Identifier(entry.schema, entry.table)
+        self.oid = 0
+        self.copy_columns = ""
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.draining = False
+        self.inflight: dict[int, tuple[Task, Session | None]] = {}
+        self.to_unlock: list[int] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.control: psycopg.AsyncConnection | None = None
+        self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
+        self.writers: AsyncConnectionPool | None = None
+        self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
+        self.ready = asyncio.Event()
+        self._queries: dict[str, sql.Composed] = {}
+
+    # -- queries -------------------------------------------------------------------------------
+    def q(self, name: str) -> sql.Composed:
+        if name not in self._queries:
+            cols_t = ", ".join(f"t.{c.strip()}" for c in self.copy_columns.split(",")) if self.copy_columns else ""
+            self._queries[name] = sql.SQL(named.query("queries.sql", name)).format(
+                table=self.table, task_columns=sql.SQL(TASK_COLUMNS),
+                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t))
+        return self._queries[name]
+
+    async def refresh_columns(self, conn: psycopg.AsyncConnection) -> None:
+        cur = conn.cursor(row_factory=psycopg.rows.tuple_row)
+        await cur.execute(self.q("columns"), {"oid": self.oid})
+        cols = (await cur.fetchone())[0] or ""
+        if cols != self.copy_columns:
+            self.copy_columns = cols
+            self._queries.clear()
+
+    # -- connections ---------------------------------------------------------------------------
+    async def connect_control(self) -> None:
+        backoff = Backoff()
+        while not self.stopping:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    make_conninfo(self.conninfo, application_name=f"pg_work {self.entry.schema} "
+                                  f"{self.entry.table} {int(self.options.sleep * 1000)}"),
+                    autocommit=True, row_factory=dict_row)
+                # Tasks still running here keep their liveness locks across a reconnect.
+                if self.inflight:
+                    await conn.execute(
+                        "SELECT pg_advisory_lock((%s::bigint << 32) | (id & 4294967295)) FROM unnest(%s::bigint[]) id",
+                        (self.oid, list(self.inflight)))
+                self.to_unlock.clear()
+                self.control = conn
+                return
+            except psycopg.OperationalError as exc:
+                delay = backoff.next()
+                log.warning("%s: cannot connect (%s); retrying in %.1fs", self.entry.label(),
+                            str(exc).strip().splitlines()[-1] if str(exc).strip() else exc, delay)
+                await asyncio.sleep(delay)
+
+    async def start(self) -> None:
+        await self.connect_control()
+        report = provision.Report()
+        await self.control.set_autocommit(False)
+        self.control.row_factory = psycopg.rows.tuple_row
+        try:
+            self.oid = await provision.provision_table(self.control, self.entry.schema, self.entry.table, report)
+        finally:
+            await self.control.commit()
+            await self.control.set_autocommit(True)
+            self.control.row_factory = dict_row
+        for action in report.actions:
+            log.info("%s: %s", self.entry.label(), action)
+        await self.refresh_columns(self.control)
+        self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
+                                           kwargs={"autocommit": True}, reconnect_timeout=0)
+        await self.writers.open(wait=True, timeout=30)
+        await self.reset_orphans()
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.start()
+        listener = asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")
+        self.ready.set()
+        last_reset = time.monotonic()
+        try:
+            while not self.stopping:
+                timeout = self.options.sleep
+                try:
+                    if not self.draining:
+                        claimed, next_in, blocked = await self.claim_pass()
+                        if next_in is not None:
+                            timeout = min(timeout, max(next_in, 0.001))
+                        if claimed:
+                            timeout = 0 if len(self.inflight) < self.options.run and not blocked else timeout
+                    if time.monotonic() - last_reset >= self.options.reset_check:
+                        last_reset = time.monotonic()
+                        await self.reset_orphans()
+                        async with self.control_lock:
+                            await self.refresh_columns(self.control)
+                except psycopg.OperationalError as exc:
+                    log.warning("%s: connection lost (%s); reconnecting", self.entry.label(),
+                                str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
+                    await self._close_control()
+                    await self.connect_control()
+                    continue
+                if timeout > 0:
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), timeout)
+                    except TimeoutError:
+                        pass
+                self.wake.clear()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def claim_pass(self) -> tuple[int, float | None, bool]:
+        conn = self.control
+        room = self.options.run - len(self.inflight)
+        rows: list[dict] = []
+        async with self.control_lock, conn.transaction():
+            if self.to_unlock:
+                ids, self.to_unlock = self.to_unlock, []
+                await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
+            if room > 0 and self.options.limit > 0:
+                await conn.execute(self.q("claim_lock"), {"oid": self.oid})
+                cur = await conn.execute(self.q("claim"), {"oid": self.oid, "limit": min(room, self.options.limit)})
+                rows = await cur.fetchall()
+            cur = await conn.execute(self.q("next"))
+            nxt = await cur.fetchone()
+        for row in rows:
+            self.dispatch(Task.from_row(row))
+        values = list(nxt.values())
+        return len(rows), values[0], bool(values[1]) and room > len(rows)
+
+    def dispatch(self, task: Task) -> None:
+        self.inflight[task.id] = (task, None)
+        t = asyncio.create_task(self.execute(task), name=f"task {task.id}")
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    async def execute(self, task: Task) -> None:
+        """Run one task (and, within count/live, further tasks of its group on the same session)."""
+        session: Session | None = None
+        done = 0
+        born = None
+        spawner_max = task.max
+        try:
+            while task is not None:
+                if task.remote is not None:
+                    await self.finish(task, "", simple_error("remote tasks are not supported yet"))
+                    return
+                if session is None:
+                    try:
+                        session = await self.sessions.get(task.user, f"pg_task {self.entry.schema} "
+                                                                     f"{self.entry.table} {task.group}")
+                    except psycopg.Error as exc:
+                        await self.finish(task, "", simple_error(
+                            f"could not connect as role {task.user}", str(exc).strip()))
+                        return
+                    born = task.now
+                self.inflight[task.id] = (task, session)
+                if not await self.mark_work(task, session.pid):
+                    return
+                try:
+                    output, error = await run_input(session, task, self.entry.schema, self.entry.table,
+                                                    self.oid, self.options.output_limit)
+                except psycopg.OperationalError as exc:
+                    log.warning("task %s: executor connection lost (%s); it will run again", task.id,
+                                str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
+                    await self.sessions.discard(session)
+                    session = None
+                    await self.requeue(task)
+                    return
+                done += 1
+                await self.finish(task, output, error)
+                task = await self.next_of_group(task, spawner_max, done, born)
+                if task is not None and not task.save is False:
+                    pass
+                if task is not None and not task.save:
+                    await session.reset()
+        finally:
+            if session is not None:
+                await self.sessions.put(session)
+
+    async def _write(self, name: str, params: dict, fetch: bool = True):
+        backoff = Backoff()
+        while True:
+            try:
+                async with self.writers.connection() as conn:
+                    cur = await conn.execute(self.q(name), params)
+                    return await cur.fetchone() if fetch else None
+            except psycopg.OperationalError as exc:
+                if self.stopping and not self.draining:
+                    raise
+                delay = backoff.next()
+                log.warning("%s: write failed (%s); retrying in %.1fs", name, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def mark_work(self, task: Task, pid: int) -> bool:
+        row = await self._write("work", {**task.fence, "pid": pid})
+        if row is None:
+            log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
+            self._release(task)
+            return False
+        return True
+
+    async def requeue(self, task: Task) -> None:
+        await self._write("requeue", task.fence)
+        self._release(task)
+
+    async def finish(self, task: Task, output: str | None, error: str | None) -> None:
+        params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
+        backoff = Backoff()
+        while True:
+            try:
+                async with self.writers.connection() as conn:
+                    async with conn.transaction():
+                        cur = await conn.execute(self.q("finish"), params)
+                        row = await cur.fetchone()
+                        if row is not None:
+                            await conn.execute(self.q("finish_repeat"), params)
+                            if task.delete and output is None and error is None:
+                                await conn.execute(self.q("finish_delete"), params)
+                            if task.max < 0:
+                                await conn.execute(self.q("finish_pause"), params)
+                break
+            except psycopg.OperationalError as exc:
+                delay = backoff.next()
+                log.warning("task %s: finish failed (%s); retrying in %.1fs", task.id, exc, delay)
+                await asyncio.sleep(delay)
+            except psycopg.Error as exc:
+                # A user trigger on the task table refused the finish: record that instead.
+                log.warning("task %s: finish refused: %s", task.id, exc)
+                params = {**params, "error": (error + "\n" if error else "") + simple_error(
+                    f"finishing the task failed: {str(exc).strip()}"), "output": output or ""}
+                task.delete = False
+                continue
+        if row is None:
+            log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
+        self._release(task)
+
+    def _release(self, task: Task) -> None:
+        self.inflight.pop(task.id, None)
+        self.to_unlock.append(task.id)
+        self.wake.set()
+
+    async def next_of_group(self, task: Task, spawner_max: int, done: int, born) -> Task | None:
+        if self.draining or self.stopping or task.max < 0 or born is None:
+            return None
+        if len(self.inflight) >= self.options.run:
+            return None
+        try:
+            async with self.control_lock, self.control.transaction():
+                await self.control.execute(self.q("claim_lock"), {"oid": self.oid})
+                cur = await self.control.execute(self.q("claim_next"), {
+                    "oid": self.oid, "group": task.group, "remote": task.remote, "max": spawner_max,
+                    "done": done, "born": born})
+                row = await cur.fetchone()
+        except (psycopg.OperationalError, AttributeError):
+            return None
+        if row is None:
+            return None
+        nxt = Task.from_row(row)
+        self.inflight[nxt.id] = (nxt, None)
+        return nxt
+
+    async def reset_orphans(self) -> None:
+        async with self.control_lock:
+            cur = await self.control.execute(self.q("reset"), {"oid": self.oid})
+            rows = await cur.fetchall()
+        for row in rows:
+            log.warning("%s: reset id = %s (its executor is gone)", self.entry.label(), row["id"])
+
+    async def listen(self) -> None:
+        channel = provision.channel(self.oid)
+        backoff = Backoff()
+        while not self.stopping:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    backoff.reset()
+                    self.wake.set()  # a (re)connected listener triggers an immediate claim pass
+                    async for note in conn.notifies():
+                        if note.payload.startswith("stop "):
+                            await self.cancel(int(note.payload[5:]))
+                        self.wake.set()
+            except psycopg.OperationalError as exc:
+                delay = backoff.next()
+                log.warning("%s: listener lost (%s); reconnecting in %.1fs", self.entry.label(), exc, delay)
+                await asyncio.sleep(delay)
+
+    async def cancel(self, task_id: int) -> None:
+        entry = self.inflight.get(task_id)
+        if entry and entry[1] is not None:
+            try:
+                await entry[1].conn.cancel_safe()
+            except psycopg.Error as exc:
+                log.warning("task %s: cancel failed: %s", task_id, exc)
+
+    async def drain(self) -> None:
+        """Stop claiming; let running tasks finish within the grace period; cancel the rest."""
+        self.draining = True
+        self.wake.set()
+        if self.tasks:
+            _, pending = await asyncio.wait(set(self.tasks), timeout=self.options.grace)
+            if pending:
+                log.warning("%s: grace period over, cancelling %d task(s)", self.entry.label(), len(pending))
+                for task_id in list(self.inflight):
+                    await self.cancel(task_id)
+                await asyncio.wait(pending, timeout=10)
+        self.stopping = True
+        self.wake.set()
+
+    async def _close_control(self) -> None:
+        if self.control is not None:
+            try:
+                await self.control.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self.control = None
+
+    async def close(self) -> None:
+        self.stopping = True
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.sessions.close()
+        if self.writers is not None:
+            await self.writers.close()
+        await self._close_control()

@@ -1,0 +1,140 @@
+-- Named queries of the scheduler. {table} is the quoted schema.table; %(name)s are parameters.
+-- Every time is the database's (statement_timestamp()), never the service's clock.
+-- A claimed row carries attempt + lease; every later write is fenced on both.
+
+-- claim_lock --
+-- Claims of all service instances on one table take turns, so group counts stay exact.
+SELECT pg_advisory_xact_lock(%(oid)s::bigint)
+
+-- claim --
+-- Expire, then claim due PLAN rows by remaining group capacity, then id (the manual's order):
+-- a group (group + remote) runs max + 1 tasks at once, negative max runs it one at a time.
+-- The claiming session takes each task's liveness lock in the same statement: while the service
+-- that claimed a row is alive, nobody resets it.
+WITH expired AS (
+    UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
+        "error" = 'ERROR:  task not active'
+    WHERE "state" = 'PLAN' AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec'
+      AND "max" >= 0
+    RETURNING "id"
+), running AS (
+    SELECT "group", "remote", count(*) AS n FROM {table}
+    WHERE "state" IN ('TAKE', 'WORK') GROUP BY "group", "remote"
+), due AS (
+    SELECT t."id", t."group", t."remote", greatest(t."max", 0) - coalesce(r.n, 0) AS cap
+    FROM {table} t LEFT JOIN running r ON r."group" = t."group" AND r."remote" IS NOT DISTINCT FROM t."remote"
+    WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
+      AND greatest(t."max", 0) - coalesce(r.n, 0) >= 0
+      AND t."id" NOT IN (SELECT "id" FROM expired)
+    ORDER BY cap DESC, t."id"
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), ranked AS (
+    SELECT "id", cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k
+    FROM due
+)
+UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
+FROM ranked WHERE t."id" = ranked."id" AND ranked.k >= 0
+RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
+
+-- claim_next --
+-- Executor reuse within count/live (the manual's task_live): the next due task of the same group,
+-- with max >= the max of the task that started this executor.
+WITH s AS (
+    SELECT "id" FROM {table} t
+    WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp() AND "group" = %(group)s
+      AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s
+      AND ("plan" + "active" > statement_timestamp() OR "repeat" > '0 sec' OR "max" < 0)
+      AND CASE WHEN "count" > 0 AND "live" > '0 sec'
+               THEN "count" > %(done)s AND %(born)s + "live" > statement_timestamp()
+               ELSE "count" > %(done)s OR %(born)s + "live" > statement_timestamp() END
+    ORDER BY "max" DESC, "id" LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
+FROM s WHERE t."id" = s."id"
+RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
+
+-- unlock --
+SELECT count(*) FILTER (WHERE pg_advisory_unlock((%(oid)s::bigint << 32) | (id & 4294967295)))
+FROM unnest(%(ids)s::bigint[]) AS id
+
+-- work --
+UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = %(pid)s
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state" = 'TAKE'
+RETURNING "id"
+
+-- finish --
+-- DONE or FAIL; a row set to STOP while running stays STOP.
+UPDATE {table} SET "state" = CASE WHEN "state" = 'STOP' THEN "state"
+                                  WHEN %(error)s::text IS NULL THEN 'DONE' ELSE 'FAIL' END,
+    "stop" = statement_timestamp(), "output" = %(output)s, "error" = %(error)s
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s
+  AND "state" IN ('TAKE', 'WORK', 'STOP')
+RETURNING "state"
+
+-- finish_repeat --
+-- The next occurrence: on the plan grid (the first plan + k * repeat after now), or from the stop
+-- time with drift. A STOP row is not repeated. User-added columns are copied.
+INSERT INTO {table} ("parent", "plan", {copy_columns})
+SELECT t."id", CASE WHEN t."drift" THEN statement_timestamp() + t."repeat" ELSE (
+        SELECT min(t."plan" + t."repeat" * k) FROM generate_series(
+            greatest(e.k0 - 3 - e.k0 / 10, 1), e.k0 + 3) AS k
+        WHERE t."plan" + t."repeat" * k > statement_timestamp()) END,
+    {copy_columns_t}
+FROM {table} t, LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
+                                               / extract(epoch FROM t."repeat")), 0)::bigint AS k0) e
+WHERE t."id" = %(id)s AND t."attempt" = %(attempt)s AND t."lease" = %(lease)s
+  AND t."state" IN ('DONE', 'FAIL') AND t."repeat" > '0 sec'
+
+-- finish_delete --
+DELETE FROM {table} WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s
+  AND "state" = 'DONE' AND "delete" AND "output" IS NULL AND "error" IS NULL
+
+-- finish_pause --
+-- Negative max: push the group's other due rows |max| ms ahead (on their own grid unless drift).
+UPDATE {table} t SET "plan" = CASE WHEN t."drift" THEN statement_timestamp() + p.pause ELSE (
+        SELECT min(t."plan" + p.pause * k) FROM generate_series(
+            greatest(e.k0 - 3, 1), e.k0 + 3) AS k
+        WHERE t."plan" + p.pause * k > statement_timestamp()) END
+FROM LATERAL (SELECT make_interval(secs => -t."max" / 1000.0) AS pause) p,
+     LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
+                                    / extract(epoch FROM p.pause)), 0)::bigint AS k0) e
+WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp() AND t."max" < 0
+  AND t."group" = %(group)s AND t."remote" IS NOT DISTINCT FROM %(remote)s
+  AND EXISTS (SELECT FROM {table} f WHERE f."id" = %(id)s AND f."attempt" = %(attempt)s
+                                      AND f."lease" = %(lease)s)
+
+-- requeue --
+-- Give a claimed task back (its executor could not finish it): back to PLAN to run again.
+UPDATE {table} SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state" IN ('TAKE', 'WORK')
+RETURNING "id"
+
+-- reset --
+-- Orphans: TAKE/WORK rows whose liveness lock nobody holds (the service that claimed them died).
+WITH s AS (
+    SELECT t."id" FROM {table} t
+    WHERE t."state" IN ('TAKE', 'WORK') AND NOT EXISTS (
+        SELECT FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
+FROM s WHERE t."id" = s."id" RETURNING t."id"
+
+-- next --
+-- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
+SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
+                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp())
+                          - statement_timestamp())::float8,
+       EXISTS (SELECT FROM {table} WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp())
+
+-- columns --
+-- Every live column except those a repeat sets itself (the manual's task_columns()).
+SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
+WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
+  AND attname NOT IN ('id', 'plan', 'parent', 'start', 'stop', 'pid', 'state', 'error', 'output',
+                      'attempt', 'lease')

@@ -1,0 +1,59 @@
+-- The task table, its enum and indexes. Placeholders ({schema}, {table}, {state}, ...) are
+-- identifiers filled in by provision.py with psycopg.sql; every statement here is checked against
+-- pg_catalog before it runs, so provisioning is idempotent and reports what it changed.
+
+-- create_schema --
+CREATE SCHEMA {schema}
+
+-- create_state --
+CREATE TYPE {state} AS ENUM ('PLAN', 'GONE', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP')
+
+-- create_table --
+CREATE TABLE {table} (
+    "id" bigserial PRIMARY KEY,
+    "parent" bigint,
+    "plan" timestamptz,
+    "start" timestamptz,
+    "stop" timestamptz,
+    "active" interval,
+    "live" interval,
+    "repeat" interval,
+    "timeout" interval,
+    "count" integer,
+    "max" integer,
+    "pid" integer,
+    "state" {state},
+    "delete" boolean,
+    "drift" boolean,
+    "header" boolean,
+    "save" boolean,
+    "string" boolean,
+    "delimiter" "char",
+    "escape" "char",
+    "quote" "char",
+    "data" text,
+    "error" text,
+    "group" text,
+    "input" text,
+    "null" text,
+    "output" text,
+    "remote" text,
+    "user" name,
+    "attempt" integer,
+    "lease" uuid
+)
+
+-- index_plan --
+-- Claiming and the next-deadline query read due PLAN rows in plan order: a partial index keeps
+-- them cheap however many finished or far-future rows the table holds.
+CREATE INDEX {index} ON {table} USING btree ("plan") WHERE "state" = 'PLAN'
+
+-- index_running --
+-- Group concurrency counts TAKE/WORK rows; orphan detection scans them. Few rows, tiny index.
+CREATE INDEX {index} ON {table} USING btree ("group", "remote") WHERE "state" IN ('TAKE', 'WORK')
+
+-- index_parent --
+CREATE INDEX {index} ON {table} USING btree ("parent")
+
+-- index_state --
+CREATE INDEX {index} ON {table} USING btree ("state")

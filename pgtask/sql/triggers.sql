@@ -1,0 +1,147 @@
+-- The helper triggers of the manual, one function per concern, each named after its table.
+-- Placeholders: {schema} {table} {state} (identifiers), {fn} (the function), {channel} (literal).
+
+-- wake_up --
+-- Statement-level wake-up: a NOTIFY on the table's channel. Notifications are hints; the service
+-- also polls, so a lost or coalesced one only delays a task until the next poll.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    PERFORM pg_notify({channel}, 'wake');
+    RETURN NULL;
+END
+$body$
+
+-- wake_up_trigger --
+CREATE TRIGGER {trigger} AFTER INSERT OR DELETE OR UPDATE OF "plan" ON {table}
+FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
+
+-- settings --
+-- Statement-level check of the pg_task.* settings the column defaults read, so a bad value fails
+-- the INSERT naming the setting instead of with a bare cast error. Unset and '' mean "default".
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    setting record;
+    value text;
+BEGIN
+    FOR setting IN SELECT * FROM (VALUES
+        ('pg_task.active', 'interval'), ('pg_task.live', 'interval'), ('pg_task.repeat', 'interval'),
+        ('pg_task.timeout', 'interval'), ('pg_task.count', 'integer'), ('pg_task.max', 'integer'),
+        ('pg_task.delete', 'boolean'), ('pg_task.drift', 'boolean'), ('pg_task.header', 'boolean'),
+        ('pg_task.save', 'boolean'), ('pg_task.string', 'boolean'), ('pg_task.delimiter', '"char"'),
+        ('pg_task.escape', '"char"'), ('pg_task.quote', '"char"'), ('pg_task.plan', 'timestamptz'),
+        ('pg_task.id', 'bigint')) AS s(name, type)
+    LOOP
+        value := nullif(current_setting(setting.name, true), '');
+        CONTINUE WHEN value IS NULL OR (setting.name = 'pg_task.plan' AND value = 'statement_timestamp()');
+        BEGIN
+            EXECUTE format('SELECT %L::%s', value, setting.type);
+            IF setting.type = '"char"' AND octet_length(value) > 1 THEN
+                RAISE EXCEPTION 'must be a single character';
+            END IF;
+        EXCEPTION WHEN others THEN
+            RAISE EXCEPTION 'invalid value for setting "%": %', setting.name, value
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = format('expected %s: %s', setting.type, SQLERRM),
+                      HINT = format('SET %s to a valid value, or RESET it to use the default.', setting.name);
+        END;
+    END LOOP;
+    RETURN NULL;
+END
+$body$
+
+-- settings_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
+
+-- insert --
+-- "user" is the inserting role, unless that role is a member of the role it names.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF NEW."user" IS NULL
+       OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
+       OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
+        NEW."user" := current_user;
+    END IF;
+    NEW."state" := coalesce(NEW."state", 'PLAN');
+    NEW."attempt" := 0;
+    NEW."lease" := NULL;
+    RETURN NEW;
+END
+$body$
+
+-- insert_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- update --
+-- The state machine and the column guards, in one place:
+--   "user", "group", "remote", "parent" never change;
+--   the task's definition (input, plan, timing, formatting, data) changes only while PLAN, and only
+--   by a member of the task's role -- or by the running task itself (the manual's retry pattern
+--   sets its own repeat to 0);
+--   state moves only PLAN->TAKE|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF NEW."user" IS DISTINCT FROM OLD."user" THEN
+        RAISE EXCEPTION 'column "user" of task % is immutable', OLD.id USING ERRCODE = 'check_violation';
+    END IF;
+    IF (NEW."group", NEW."remote", NEW."parent", NEW."id")
+       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id") THEN
+        RAISE EXCEPTION 'columns "id", "group", "remote" and "parent" of task % are immutable', OLD.id
+            USING ERRCODE = 'check_violation',
+                  HINT = 'Insert a new task instead.';
+    END IF;
+    IF (NEW."plan", NEW."active", NEW."live", NEW."repeat", NEW."timeout", NEW."count", NEW."max",
+        NEW."delete", NEW."drift", NEW."header", NEW."save", NEW."string", NEW."delimiter",
+        NEW."escape", NEW."quote", NEW."input", NEW."null", NEW."data")
+       IS DISTINCT FROM
+       (OLD."plan", OLD."active", OLD."live", OLD."repeat", OLD."timeout", OLD."count", OLD."max",
+        OLD."delete", OLD."drift", OLD."header", OLD."save", OLD."string", OLD."delimiter",
+        OLD."escape", OLD."quote", OLD."input", OLD."null", OLD."data") THEN
+        IF coalesce(current_setting('pg_task.id', true), '') = OLD.id::text THEN
+            NULL;  -- the running task editing its own row
+        ELSIF OLD."state" <> 'PLAN' THEN
+            RAISE EXCEPTION 'task % is % and can no longer be changed', OLD.id, OLD."state"
+                USING ERRCODE = 'check_violation',
+                      HINT = 'Only a task in state PLAN can be edited.';
+        ELSIF NOT pg_has_role(current_user, OLD."user", 'MEMBER') THEN
+            RAISE EXCEPTION 'permission denied to change task % of role %', OLD.id, OLD."user"
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only members of the role a task runs as may change it.';
+        END IF;
+    END IF;
+    IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
+           (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'GONE', 'STOP'))
+        OR (OLD."state" = 'TAKE' AND NEW."state" IN ('WORK', 'PLAN', 'DONE', 'FAIL'))
+        OR (OLD."state" = 'WORK' AND NEW."state" IN ('DONE', 'FAIL', 'PLAN', 'STOP'))) THEN
+        RAISE EXCEPTION 'invalid state transition of task %: % -> %', OLD.id, OLD."state", NEW."state"
+            USING ERRCODE = 'check_violation',
+                  HINT = 'Allowed: PLAN->TAKE|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.';
+    END IF;
+    RETURN NEW;
+END
+$body$
+
+-- update_trigger --
+CREATE TRIGGER {trigger} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- stop --
+-- STOP on a WORK row cancels it: a local task's backend directly, and a notification tells the
+-- service (which also cancels remote tasks on their server). The row stays STOP.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF NEW."remote" IS NULL AND NEW."pid" IS NOT NULL THEN
+        PERFORM pg_cancel_backend(NEW."pid") FROM pg_stat_activity
+        WHERE pid = NEW."pid" AND application_name LIKE 'pg_task %';
+    END IF;
+    PERFORM pg_notify({channel}, 'stop ' || NEW.id);
+    RETURN NULL;
+END
+$body$
+
+-- stop_trigger --
+CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
+WHEN (OLD."state" = 'WORK' AND NEW."state" = 'STOP') EXECUTE FUNCTION {fn}()

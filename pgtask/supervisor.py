@@ -1,0 +1,293 @@
+"""The supervisor (the manual's pg_conf): entries -> schedulers; restart, SIGHUP, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from . import config as cfgmod
+from . import provision
+from .cluster import Cluster, find_bindir
+from .config import BY_NAME, Config, Entry
+from .scheduler import Options, Scheduler
+
+log = logging.getLogger("pgtask.supervisor")
+
+ENTRY_SETTINGS = ("reset", "run", "schema", "table", "sleep", "spi")
+
+
+@dataclass
+class Resolved:
+    entries: list[Entry]
+    sources: dict[str, str]     # "key" -> where it came from, for `pgtask config`
+    values: dict[str, Any]
+
+
+def embedded_cluster(cfg: Config) -> Cluster:
+    base = Path(cfg.svc("embedded_dir") or ".pgtask").absolute()
+    return Cluster(base=base, bindir=find_bindir("auto"), port=cfg.svc("embedded_port"))
+
+
+def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
+    """The service's connection: the dsn, libpq's environment, or the embedded cluster."""
+    if cfg.server_configured:
+        return cfg.dsn, None
+    cluster = embedded_cluster(cfg)
+    if not cluster.initialized():
+        log.info("no server configured: creating the embedded cluster in %s", cluster.base)
+        cluster.init()
+    cluster.start()
+    log.info("embedded PostgreSQL running: %s", cluster.conninfo())
+    return cluster.conninfo(), cluster
+
+
+async def resolve(cfg: Config, conninfo: str) -> Resolved:
+    """Entries after the manual's precedence: entry > role settings > database settings > config."""
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        cur = await conn.execute("SELECT current_user, current_database()")
+        me, mydb = await cur.fetchone()
+        server: dict[str, str | None] = {}
+        for s in cfgmod.SETTINGS:
+            cur = await conn.execute("SELECT nullif(current_setting(%s, true), '')", (s.name,))
+            server[s.name] = (await cur.fetchone())[0]
+        cur = await conn.execute("""SELECT coalesce(d.datname, ''), coalesce(r.rolname, ''), c
+            FROM pg_db_role_setting s LEFT JOIN pg_database d ON d.oid = s.setdatabase
+            LEFT JOIN pg_roles r ON r.oid = s.setrole, unnest(s.setconfig) c""")
+        by_role: dict[str, dict[str, str]] = {}
+        by_db: dict[str, dict[str, str]] = {}
+        for db, role, item in await cur.fetchall():
+            key, _, value = item.partition("=")
+            if role:
+                by_role.setdefault(role, {})[key] = value
+            elif db:
+                by_db.setdefault(db, {})[key] = value
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def pick(name: str, fallback: Any = None) -> Any:
+        if name in cfg.settings:
+            values[name], sources[name] = cfg.settings[name], cfg.source(name)
+        elif server.get(name) is not None:
+            raw = server[name]
+            values[name], sources[name] = _convert(name, raw), "server (postgresql.conf / ALTER SYSTEM)"
+        elif fallback is not None:
+            values[name], sources[name] = fallback, "connection"
+        else:
+            values[name], sources[name] = BY_NAME[name].default, "default"
+        return values[name]
+
+    # Unset pg_task.data / pg_task.user fall back to the database and role we connected as.
+    default_data = pick("pg_task.data", mydb)
+    default_user = pick("pg_task.user", me)
+    raw_entries = pick("pg_task.json")
+    if isinstance(raw_entries, str):
+        raw_entries = cfgmod.parse_entries(raw_entries)
+    if sources["pg_task.json"] == "default":
+        raw_entries = [{}]
+    for name in ("pg_task.schema", "pg_task.table", "pg_task.sleep", "pg_task.reset", "pg_task.run",
+                 "pg_task.spi", "pg_task.limit", "pg_work.restart", "pg_conf.restart"):
+        pick(name)
+    entries: list[Entry] = []
+    seen = set()
+    for i, raw in enumerate(raw_entries):
+        data = raw.get("data") or raw.get("user") or default_data
+        user = raw.get("user") or raw.get("data") or default_user
+        resolved: dict[str, Any] = {}
+        for key in ENTRY_SETTINGS:
+            name = f"pg_task.{key}"
+            if key in raw:
+                value, source = raw[key], f"pg_task.json[{i}]"
+            elif name in by_role.get(user, {}):
+                value, source = _convert(name, by_role[user][name]), f"ALTER ROLE {user} SET"
+            elif name in by_db.get(data, {}):
+                value, source = _convert(name, by_db[data][name]), f"ALTER DATABASE {data} SET"
+            else:
+                value, source = values[name], sources[name]
+            resolved[key] = value
+            sources[f"entry {i} {key}"] = source
+        entry = Entry(data=data, user=user, schema=resolved["schema"], table=resolved["table"],
+                      sleep=int(resolved["sleep"]), reset=str(resolved["reset"]), run=int(resolved["run"]),
+                      spi=bool(resolved["spi"]))
+        for kind, value in (("database", data), ("user", user), ("schema", entry.schema),
+                            ("table", entry.table)):
+            try:
+                provision.check_identifier(kind, value)
+            except ValueError as exc:
+                raise cfgmod.ConfigError(f"pg_task.json[{i}].{kind}: {exc}") from None
+        if entry.key not in seen:
+            seen.add(entry.key)
+            entries.append(entry)
+    return Resolved(entries, sources, values)
+
+
+def _convert(name: str, raw: str) -> Any:
+    kind = BY_NAME[name].type if name in BY_NAME else "text"
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low in ("on", "true", "yes", "1", "t", "y"):
+                return True
+            if low in ("off", "false", "no", "0", "f", "n"):
+                return False
+            raise ValueError(raw)
+        if kind == "json":
+            return cfgmod.parse_entries(json.loads(raw), name)
+    except (ValueError, json.JSONDecodeError):
+        raise cfgmod.ConfigError(f"{name}: invalid value {raw!r} (expected {kind})") from None
+    return raw
+
+
+async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry]) -> provision.Report:
+    report = provision.Report()
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as admin:
+        for entry in entries:
+            await provision.ensure_role(admin, entry.user, report)
+            await provision.ensure_database(admin, entry.data, entry.user, report)
+    for entry in entries:
+        async with await psycopg.AsyncConnection.connect(
+                make_conninfo(conninfo, dbname=entry.data, user=entry.user)) as conn:
+            await provision.provision_table(conn, entry.schema, entry.table, report)
+            await conn.commit()
+    return report
+
+
+def interval_seconds(text: str) -> float:
+    """Seconds of a simple interval like '1 hour', '30 sec', '500 ms' (for local timers only)."""
+    units = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1,
+             "second": 1, "seconds": 1, "secs": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+             "h": 3600, "hour": 3600, "hours": 3600, "day": 86400, "days": 86400}
+    parts = text.split()
+    total = 0.0
+    i = 0
+    while i < len(parts):
+        num = float(parts[i])
+        unit = parts[i + 1] if i + 1 < len(parts) else "sec"
+        total += num * units.get(unit.lower(), 1)
+        i += 2
+    return total
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, config_path: str | None = None):
+        self.cfg, self.config_path = cfg, config_path
+        self.conninfo = ""
+        self.cluster: Cluster | None = None
+        self.schedulers: dict[tuple, tuple[Scheduler, asyncio.Task]] = {}
+        self.stop_event = asyncio.Event()
+        self.reload_event = asyncio.Event()
+
+    def options(self, entry: Entry, values: dict[str, Any]) -> Options:
+        reset_check = self.cfg.svc("reset_check")
+        return Options(sleep=entry.sleep / 1000.0, run=entry.run, limit=int(values["pg_task.limit"]),
+                       reset_check=reset_check, output_limit=self.cfg.svc("output_limit"),
+                       execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"))
+
+    async def apply(self) -> None:
+        resolved = await resolve(self.cfg, self.conninfo)
+        wanted = {e.key: e for e in resolved.entries}
+        report = await provision_entries(self.cfg, self.conninfo, resolved.entries)
+        for action in report.actions:
+            log.info("provision: %s", action)
+        for key in list(self.schedulers):
+            if key not in wanted:
+                sched, task = self.schedulers.pop(key)
+                log.info("entry removed: stopping %s", sched.entry.label())
+                await sched.drain()
+                await asyncio.gather(task, return_exceptions=True)
+                await sched.close()
+        for key, entry in wanted.items():
+            current = self.schedulers.get(key)
+            if current is None or current[0].entry != entry:
+                if current is not None:
+                    await current[0].drain()
+                    await asyncio.gather(current[1], return_exceptions=True)
+                    await current[0].close()
+                self.start_scheduler(entry, resolved.values)
+        self.restart_after = float(resolved.values["pg_work.restart"])
+        self.conf_restart = float(resolved.values["pg_conf.restart"])
+
+    def start_scheduler(self, entry: Entry, values: dict[str, Any]) -> None:
+        sched = Scheduler(entry, self.conninfo, self.options(entry, values))
+        task = asyncio.create_task(self.guard(sched, values), name=f"scheduler {entry.label()}")
+        self.schedulers[entry.key] = (sched, task)
+        log.info("scheduler started: %s (sleep %d ms)", entry.label(), entry.sleep)
+
+    async def guard(self, sched: Scheduler, values: dict[str, Any]) -> None:
+        """Run a scheduler; if it dies, restart it after pg_work.restart seconds."""
+        while True:
+            try:
+                await sched.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of one entry must not stop the others
+                log.error("%s: scheduler failed: %s; restarting in %ss", sched.entry.label(), exc,
+                          self.restart_after, exc_info=not isinstance(exc, psycopg.OperationalError))
+                await sched.close()
+                await asyncio.sleep(self.restart_after)
+                fresh = Scheduler(sched.entry, self.conninfo, sched.options)
+                self.schedulers[sched.entry.key] = (fresh, asyncio.current_task())
+                sched = fresh
+
+    async def reload(self) -> None:
+        try:
+            self.cfg = cfgmod.load(self.config_path)
+        except cfgmod.ConfigError as exc:
+            log.error("configuration not reloaded, the old one stays in force: %s", exc)
+            return
+        try:
+            await self.apply()
+        except (cfgmod.ConfigError, psycopg.Error) as exc:
+            log.error("configuration not applied: %s", exc)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop_event.set)
+        loop.add_signal_handler(signal.SIGINT, self.stop_event.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_event.set)
+        self.conninfo, self.cluster = await asyncio.to_thread(base_conninfo, self.cfg)
+        self.restart_after, self.conf_restart = 60.0, 60.0
+        backoff_delay = 0.1
+        while True:
+            try:
+                await self.apply()
+                break
+            except cfgmod.ConfigError:
+                raise
+            except psycopg.OperationalError as exc:
+                log.warning("cannot reach the server (%s); retrying in %.1fs", str(exc).strip(), backoff_delay)
+                try:
+                    await asyncio.wait_for(self.stop_event.wait(), backoff_delay)
+                    return 0
+                except TimeoutError:
+                    backoff_delay = min(backoff_delay * 2, 3.0)
+        log.info("pgtask running: %d scheduler(s)", len(self.schedulers))
+        while not self.stop_event.is_set():
+            waiters = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.reload_event.wait())]
+            _, pending = await asyncio.wait(waiters, timeout=self.conf_restart,
+                                            return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
+            if self.stop_event.is_set():
+                break
+            self.reload_event.clear()
+            log.info("re-reading configuration")
+            await self.reload()
+        log.info("SIGTERM: draining")
+        scheds = [s for s, _ in self.schedulers.values()]
+        await asyncio.gather(*(s.drain() for s in scheds), return_exceptions=True)
+        await asyncio.gather(*(t for _, t in self.schedulers.values()), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in scheds), return_exceptions=True)
+        log.info("stopped")
+        return 0

@@ -1,0 +1,114 @@
+"""Driving a libpq connection without blocking: send one simple query and collect every result.
+
+Used for task input on both paths (local and remote): every statement's result is kept (psycopg's
+cursor loses the results before an error), COPY TO STDOUT is streamed, COPY FROM STDIN refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import psycopg
+from psycopg import pq
+
+from .output import Output
+
+E = pq.ExecStatus
+
+
+async def _wait(fd: int, write: bool = False) -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+    add(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        remove(fd)
+
+
+def _check(pgconn: pq.abc.PGconn) -> None:
+    if pgconn.status == pq.ConnStatus.BAD:
+        msg = pgconn.error_message.decode("utf-8", "replace").strip()
+        raise psycopg.OperationalError(msg or "connection lost")
+
+
+async def _consume(pgconn: pq.abc.PGconn) -> None:
+    await _wait(pgconn.socket)
+    try:
+        pgconn.consume_input()
+    except psycopg.Error:
+        _check(pgconn)
+        raise
+
+
+async def send(pgconn: pq.abc.PGconn, text: str, encoding: str) -> None:
+    try:
+        pgconn.send_query(text.encode(encoding))
+    except psycopg.Error:
+        _check(pgconn)
+        raise
+    while pgconn.flush() != 0:
+        await _wait(pgconn.socket, write=True)
+
+
+async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    while pgconn.is_busy():
+        await _consume(pgconn)
+    res = pgconn.get_result()
+    if res is None:
+        _check(pgconn)
+    return res
+
+
+async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
+              encoding: str = "utf-8") -> pq.abc.PGresult | None:
+    """Run ``text`` as one simple query; format results into ``out``; return the first error result.
+
+    Raises psycopg.OperationalError when the connection is lost (outcome unknown).
+    """
+    await send(pgconn, text, encoding)
+    error: pq.abc.PGresult | None = None
+    while (res := await next_result(pgconn)) is not None:
+        status = res.status
+        if status == E.COPY_OUT:
+            await _copy_out(pgconn, out.raw, encoding)
+            tag = await next_result(pgconn)  # the COPY n tag: not printed, but may be an error
+            if tag is not None and tag.status == E.FATAL_ERROR and error is None:
+                error = tag
+        elif status in (E.COPY_IN, E.COPY_BOTH):
+            what = "COPY FROM STDIN" if status == E.COPY_IN else "COPY BOTH"
+            pgconn.put_copy_end(f"{what} is not supported".encode())
+            while pgconn.flush() != 0:
+                await _wait(pgconn.socket, write=True)
+        elif status == E.FATAL_ERROR:
+            if error is None:
+                error = res
+        else:
+            out.result(res, local)
+    return error
+
+
+async def _copy_out(pgconn: pq.abc.PGconn, sink: Callable[[str], None], encoding: str) -> None:
+    while True:
+        nbytes, data = pgconn.get_copy_data(1)
+        if nbytes > 0:
+            sink(bytes(data).decode(encoding, "replace"))
+        elif nbytes == 0:
+            await _consume(pgconn)
+        else:
+            if nbytes == -2:
+                _check(pgconn)
+                raise psycopg.OperationalError(pgconn.error_message.decode(encoding, "replace").strip())
+            return
+
+
+async def simple(pgconn: pq.abc.PGconn, text: str, encoding: str = "utf-8") -> pq.abc.PGresult | None:
+    """Run housekeeping statements; return the first error result (results discarded)."""
+    await send(pgconn, text, encoding)
+    error = None
+    while (res := await next_result(pgconn)) is not None:
+        if res.status == E.FATAL_ERROR and error is None:
+            error = res
+    return error
