@@ -210,6 +210,7 @@ class Container:
                 self.proc.wait(10)
         if getattr(self, "_log", None):
             self._log.close()
+            self.log_path.unlink(missing_ok=True)
         # deepest cgroup dirs first
         for top in _cgroup_dirs(self.name):
             if top.is_dir():

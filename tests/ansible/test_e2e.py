@@ -3,18 +3,21 @@
 The tests of this module share one host and run in order: check mode on the fresh host, the first
 run (PostgreSQL, pgtask from a wheelhouse built from this repository, provisioning, the unit), a task
 reaching DONE, a second run with changed=0, check mode on the converged host, the unit verified by
-systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned.
+systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned, and
+last an upgrade to a new version: the venv is upgraded and the service restarted (new PID).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import shutil
 
 import pytest
 import yaml
 
-from conftest import Run, run_playbook, wait_for
+from conftest import REPO, Run, run_playbook, wait_for
 
 HOST = "box"
 pytestmark = pytest.mark.timeout(900)
@@ -34,7 +37,7 @@ def deploy(host, wheelhouse, tmp_path_factory):
     """deploy(entries, *args) writes the inventory for the booted host and runs the playbook."""
     inv_dir = tmp_path_factory.mktemp("inventory")
 
-    def run(entries, *args: str) -> Run:
+    def run(entries, *args: str, **extra_vars) -> Run:
         inventory = {
             "all": {
                 "hosts": {HOST: {
@@ -53,6 +56,7 @@ def deploy(host, wheelhouse, tmp_path_factory):
                     "pgtask_sleep": 500,
                     "pgtask_grace": 5,
                     "pgtask_log_level": "debug",
+                    **extra_vars,
                 },
                 "children": {"pgtask_db": {"hosts": {HOST: {}}},
                              "pgtask_scheduler": {"hosts": {HOST: {}}}},
@@ -171,3 +175,39 @@ def test_provision_report_is_json(host):
                   user="pgtask").stdout
     report = json.loads(out)
     assert report["changed"] is False and report["actions"] == []
+
+
+def installed_version(host) -> str:
+    return host.sh("/opt/pgtask/venv/bin/python -c "
+                   "'import importlib.metadata as m; print(m.version(\"pgtask\"))'").stdout.strip()
+
+
+def test_upgrade_restarts_the_service(host, deploy, tmp_path):
+    # a release newer than the one deployed: this checkout with another version number
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "pgtask", src / "pgtask", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, src / name)
+    pyproject = (src / "pyproject.toml").read_text()
+    old = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    new = f"{old}.post1"
+    (src / "pyproject.toml").write_text(pyproject.replace(f'version = "{old}"', f'version = "{new}"', 1))
+    assert installed_version(host) == old
+    pid = main_pid(host)
+    entries = [*ENTRIES, NEW_ENTRY]
+    run = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src))
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any("Install pgtask into the venv" in name for name in changed), changed
+    assert any("Restart pgtask" in name for name in changed), changed
+    assert installed_version(host) == new
+    wait_for(lambda: host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active",
+             30, "pgtask to be active after the upgrade")
+    assert main_pid(host) != pid
+    task_id = psql(host, "INSERT INTO task (input) VALUES ('SELECT 3') RETURNING id")
+    final = wait_for(lambda: (s := psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}"))
+                     .startswith(("DONE", "FAIL")) and s, 60, f"task {task_id} after the upgrade")
+    assert final == "DONE|3", final
+    again = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src))
+    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
