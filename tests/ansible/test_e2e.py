@@ -24,6 +24,8 @@ pytestmark = pytest.mark.timeout(900)
 
 ENTRIES = [{"data": "postgres"}]
 NEW_ENTRY = {"data": "app1", "user": "app1", "schema": "jobs", "table": "task", "sleep": 500}
+# the manual's config level, through conf.d/pgtask.conf and a reload of PostgreSQL
+PG_SETTINGS = {"pgtask_postgresql_settings": {"pg_task.timeout": "5 min"}}
 
 
 @pytest.fixture(scope="module")
@@ -148,12 +150,14 @@ def test_rendered_unit_verifies(host):
 
 def test_new_entry_reloads_and_is_provisioned(host, deploy):
     pid = main_pid(host)
-    run = deploy([*ENTRIES, NEW_ENTRY])
+    run = deploy([*ENTRIES, NEW_ENTRY], **PG_SETTINGS)
     recap = assert_ok(run)
     changed = run.changed_tasks()
     assert any("Reload pgtask" in name for name in changed), changed
     assert not any("Restart pgtask" in name for name in changed), changed
     assert any("Provision" in name for name in changed), changed
+    assert any("Reload PostgreSQL" in name for name in changed), changed
+    assert psql(host, "SHOW pg_task.timeout") == "5 min"
     # reloaded, not restarted
     assert main_pid(host) == pid
     assert psql(host, "SELECT 1 FROM pg_roles WHERE rolname = 'app1'") == "1"
@@ -166,7 +170,7 @@ def test_new_entry_reloads_and_is_provisioned(host, deploy):
         60, f"task {task_id} in app1 to finish; journal:\n{journal(host)}")
     assert final == "DONE|2", final
     assert recap["changed"] >= 2
-    again = deploy([*ENTRIES, NEW_ENTRY])
+    again = deploy([*ENTRIES, NEW_ENTRY], **PG_SETTINGS)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
 
 
@@ -196,7 +200,7 @@ def test_upgrade_restarts_the_service(host, deploy, tmp_path):
     assert installed_version(host) == old
     pid = main_pid(host)
     entries = [*ENTRIES, NEW_ENTRY]
-    run = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src))
+    run = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src), **PG_SETTINGS)
     assert_ok(run)
     changed = run.changed_tasks()
     assert any("Install pgtask into the venv" in name for name in changed), changed
@@ -209,5 +213,5 @@ def test_upgrade_restarts_the_service(host, deploy, tmp_path):
     final = wait_for(lambda: (s := psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}"))
                      .startswith(("DONE", "FAIL")) and s, 60, f"task {task_id} after the upgrade")
     assert final == "DONE|3", final
-    again = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src))
+    again = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src), **PG_SETTINGS)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
