@@ -46,6 +46,7 @@ class Task:
     escape: str
     save: bool
     count: int
+    live_s: float
     delete: bool
     now: object = None
     extra: dict = field(default_factory=dict)

@@ -131,8 +131,10 @@ async def ensure_database(conn: psycopg.AsyncConnection, data: str, owner: str, 
 class TableProvisioner:
     """Brings one schema.table to the current definition, inside the entry's database."""
 
-    def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report):
+    def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
+                 owner: str | None = None):
         self.conn, self.schema, self.table, self.report = conn, schema, table, report
+        self.owner = owner
         self.ids = {
             "schema": sql.Identifier(schema),
             "table": sql.Identifier(schema, table),
@@ -147,6 +149,7 @@ class TableProvisioner:
         """Provision everything; returns the table's oid."""
         await self.schema_and_type()
         oid = await self.table_and_columns()
+        await self.grants()
         await self.defaults_and_constraints()
         await self.indexes()
         await self.triggers(oid)
@@ -155,14 +158,21 @@ class TableProvisioner:
     async def schema_and_type(self) -> None:
         c = self.conn
         if await _one(c, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)) is None:
-            await c.execute(self.q("table.sql", "create_schema"))
+            create = self.q("table.sql", "create_schema")
+            if self.owner:
+                create = sql.SQL("{} AUTHORIZATION {}").format(create, sql.Identifier(self.owner))
+            await c.execute(create)
             self.report.add(f"created schema {self.schema}")
+
         have = await _one(c, """SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder)
             FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
             LEFT JOIN pg_enum e ON e.enumtypid = t.oid
             WHERE n.nspname = %s AND t.typname = 'state' GROUP BY t.oid""", (self.schema,))
         if have is None:
             await c.execute(self.q("table.sql", "create_state"))
+            if self.owner:
+                await c.execute(sql.SQL("ALTER TYPE {} OWNER TO {}").format(
+                    self.ids["state"], sql.Identifier(self.owner)))
             self.report.add(f"created type {self.schema}.state")
         else:
             for label in LABELS:
@@ -177,6 +187,9 @@ class TableProvisioner:
             WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""", (self.schema, self.table))
         if row is None:
             await c.execute(self.q("table.sql", "create_table"))
+            if self.owner:
+                await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                    self.ids["table"], sql.Identifier(self.owner)))
             self.report.add(f"created table {self.name}")
             row = await _one(c, "SELECT %s::regclass::oid", (self.name_literal(),))
         oid = row[0]
@@ -203,6 +216,30 @@ class TableProvisioner:
                     self.ids["table"], sql.Identifier(name), sql.Literal(COMMENTS[name])))
         return oid
 
+    async def grants(self) -> None:
+        """The entry's role runs the scheduler: it needs the table even when another role owns it."""
+        if not self.owner:
+            return
+        c = self.conn
+        row = await _one(c, """SELECT has_schema_privilege(%(r)s, %(s)s, 'USAGE'),
+                   has_table_privilege(%(r)s, %(t)s, 'SELECT, INSERT, UPDATE, DELETE'),
+                   has_sequence_privilege(%(r)s, pg_get_serial_sequence(%(t)s, 'id'), 'USAGE'),
+                   pg_get_serial_sequence(%(t)s, 'id')""",
+                         {"r": self.owner, "s": self.schema, "t": self.name_literal()})
+        if not row[0]:
+            await c.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                self.ids["schema"], sql.Identifier(self.owner)))
+            self.report.add(f"granted usage on schema {self.schema} to {self.owner}")
+        if not row[1]:
+            await c.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                self.ids["table"], sql.Identifier(self.owner)))
+            self.report.add(f"granted {self.name} to {self.owner}")
+        if not row[2]:
+            # pg_get_serial_sequence returns the name already quoted by the server
+            await c.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
+                sql.SQL(row[3]), sql.Identifier(self.owner)))
+            self.report.add(f"granted the id sequence of {self.name} to {self.owner}")
+
     def name_literal(self) -> str:
         return sql.Identifier(self.schema, self.table).as_string(None)
 
@@ -214,21 +251,24 @@ class TableProvisioner:
             FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
             WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped""", (self.name_literal(),))
         current = {name: (expr, notnull) for name, expr, notnull in await cur.fetchall()}
+        # The server's own deparsed text of each wanted default, from a throwaway temp table:
+        # compare, and ALTER only what differs (so a table owned by another role is left alone).
+        probe = sql.SQL(", ").join(
+            sql.SQL("{} {} DEFAULT {}").format(
+                sql.Identifier(col), self.ids["state"] if COLUMNS[col] is None else sql.SQL(COLUMNS[col]),
+                sql.SQL(expr))
+            for col, expr in wanted.items())
+        await c.execute(sql.SQL("CREATE TEMP TABLE pgtask_probe ({}) ON COMMIT DROP").format(probe))
+        cur = await c.execute("""SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a
+            JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = 'pg_temp.pgtask_probe'::regclass""")
+        canonical = dict(await cur.fetchall())
+        await c.execute("DROP TABLE pg_temp.pgtask_probe")
         for col, expr in wanted.items():
-            before = current[col][0]
-            # Compare the server's own deparsed text: set it inside a savepoint, keep it only if it changed.
-            try:
-                async with c.transaction():
-                    await c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT {}").format(
-                        self.ids["table"], sql.Identifier(col), sql.SQL(expr)))
-                    after = await _one(c, """SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef
-                        WHERE adrelid = %s::regclass AND adnum = (SELECT attnum FROM pg_attribute
-                        WHERE attrelid = %s::regclass AND attname = %s)""",
-                                       (self.name_literal(), self.name_literal(), col))
-                    if after and after[0] == before:
-                        raise _Unchanged
-            except _Unchanged:
+            if current[col][0] == canonical[col]:
                 continue
+            await c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT {}").format(
+                self.ids["table"], sql.Identifier(col), sql.SQL(expr)))
             await c.execute(sql.SQL("UPDATE {} SET {} = DEFAULT WHERE {} IS NULL").format(
                 self.ids["table"], sql.Identifier(col), sql.Identifier(col)))
             self.report.add(f"set default of {self.name}.{col}")
@@ -284,10 +324,6 @@ class TableProvisioner:
                 self.report.add(f"created trigger {fn_name} on {self.name}")
 
 
-class _Unchanged(Exception):
-    """Raised inside a savepoint to roll back a no-op ALTER."""
-
-
 def _ident_name(name: str) -> str:
     """PostgreSQL truncates identifiers to 63 bytes; compare names the way the catalog stores them."""
     raw = name.encode()
@@ -296,12 +332,17 @@ def _ident_name(name: str) -> str:
     return raw[:63].decode(errors="ignore")
 
 
-async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report) -> int:
-    """Run all table steps in one transaction; returns the table oid."""
+async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
+                          owner: str | None = None) -> int:
+    """Run all table steps in one transaction; returns the table oid.
+
+    ``owner``: provision as an administrator on behalf of that role: the schema, enum and table
+    created are owned by it, so the entry's role needs no CREATE right on a database it does not own.
+    """
     async with conn.transaction():
         # one provisioner at a time per table, across service instances
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask provision {schema}.{table}",))
-        return await TableProvisioner(conn, schema, table, report).run()
+        return await TableProvisioner(conn, schema, table, report, owner).run()
 
 
 _IDENT = re.compile(r"^[^\x00]+$")

@@ -32,7 +32,7 @@ log = logging.getLogger("pgtask.scheduler")
 TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user", t."input",
     (extract(epoch FROM t."timeout")::int4 * 1000) AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
-    t."count", t."delete", statement_timestamp() AS now"""
+    t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Scheduler:
         self.draining = False
         self.inflight: dict[int, tuple[Task, Session | None]] = {}
         self.to_unlock: list[int] = []
+        self.drain_cancelled: set[int] = set()
         self.tasks: set[asyncio.Task] = set()
         self.control: psycopg.AsyncConnection | None = None
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
@@ -237,11 +238,21 @@ class Scheduler:
                     await self.requeue(task)
                     return
                 done += 1
-                await self.finish(task, output, error)
-                task = await self.next_of_group(task, spawner_max, done, born)
-                if task is not None and not task.save is False:
-                    pass
-                if task is not None and not task.save:
+                if task.id in self.drain_cancelled:
+                    # cancelled by SIGTERM's grace deadline, not by the task: it runs again later
+                    await self.requeue(task)
+                    return
+                keep_session = task.save
+                if task.max >= 0 and (task.count > 0 or task.live_s > 0):
+                    # Finish and take the group's next task under the control lock, so a claim pass
+                    # cannot hand that task to another session in between (the manual's task_live).
+                    async with self.control_lock:
+                        await self.finish(task, output, error)
+                        task = await self.next_of_group(task, spawner_max, done, born)
+                else:
+                    await self.finish(task, output, error)
+                    task = None
+                if task is not None and not keep_session:
                     await session.reset()
         finally:
             if session is not None:
@@ -274,15 +285,18 @@ class Scheduler:
         self._release(task)
 
     async def finish(self, task: Task, output: str | None, error: str | None) -> None:
+        """DONE/FAIL (STOP stays), the next repeat, delete, the pause: one fenced transaction."""
         params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
         backoff = Backoff()
+        refused = 0
+        row = None
         while True:
             try:
                 async with self.writers.connection() as conn:
                     async with conn.transaction():
                         cur = await conn.execute(self.q("finish"), params)
                         row = await cur.fetchone()
-                        if row is not None:
+                        if row is not None and refused == 0:
                             await conn.execute(self.q("finish_repeat"), params)
                             if task.delete and output is None and error is None:
                                 await conn.execute(self.q("finish_delete"), params)
@@ -294,13 +308,15 @@ class Scheduler:
                 log.warning("task %s: finish failed (%s); retrying in %.1fs", task.id, exc, delay)
                 await asyncio.sleep(delay)
             except psycopg.Error as exc:
-                # A user trigger on the task table refused the finish: record that instead.
-                log.warning("task %s: finish refused: %s", task.id, exc)
-                params = {**params, "error": (error + "\n" if error else "") + simple_error(
-                    f"finishing the task failed: {str(exc).strip()}"), "output": output or ""}
-                task.delete = False
-                continue
-        if row is None:
+                # Something in the database (a user's trigger on the table, most likely) refused the
+                # finish. Record why, without repeat/delete/pause; if even that fails, give up loudly.
+                refused += 1
+                log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
+                if refused > 1:
+                    break
+                params = {**params, "output": output or "", "error": (error + "\n" if error else "") +
+                          simple_error(f"finishing the task failed: {str(exc).strip()}")}
+        if row is None and not refused:
             log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
         self._release(task)
 
@@ -310,12 +326,13 @@ class Scheduler:
         self.wake.set()
 
     async def next_of_group(self, task: Task, spawner_max: int, done: int, born) -> Task | None:
+        """The next task of the group for this session (caller holds control_lock)."""
         if self.draining or self.stopping or task.max < 0 or born is None:
             return None
         if len(self.inflight) >= self.options.run:
             return None
         try:
-            async with self.control_lock, self.control.transaction():
+            async with self.control.transaction():
                 await self.control.execute(self.q("claim_lock"), {"oid": self.oid})
                 cur = await self.control.execute(self.q("claim_next"), {
                     "oid": self.oid, "group": task.group, "remote": task.remote, "max": spawner_max,
@@ -371,6 +388,7 @@ class Scheduler:
             if pending:
                 log.warning("%s: grace period over, cancelling %d task(s)", self.entry.label(), len(pending))
                 for task_id in list(self.inflight):
+                    self.drain_cancelled.add(task_id)
                     await self.cancel(task_id)
                 await asyncio.wait(pending, timeout=10)
         self.stopping = True

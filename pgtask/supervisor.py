@@ -155,9 +155,12 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry]) ->
             await provision.ensure_role(admin, entry.user, report)
             await provision.ensure_database(admin, entry.data, entry.user, report)
     for entry in entries:
-        async with await psycopg.AsyncConnection.connect(
-                make_conninfo(conninfo, dbname=entry.data, user=entry.user)) as conn:
-            await provision.provision_table(conn, entry.schema, entry.table, report)
+        async with await psycopg.AsyncConnection.connect(make_conninfo(conninfo, dbname=entry.data)) as conn:
+            cur = await conn.execute("SELECT current_user <> %s AND pg_has_role(current_user, %s, 'MEMBER')",
+                                     (entry.user, entry.user))
+            on_behalf = (await cur.fetchone())[0]
+            await provision.provision_table(conn, entry.schema, entry.table, report,
+                                            owner=entry.user if on_behalf else None)
             await conn.commit()
     return report
 

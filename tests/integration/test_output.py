@@ -1,0 +1,73 @@
+"""Output and error text, exactly as pg_task writes them (spec section 7), through the real service."""
+
+import pytest
+
+CASES = [
+    # (input, columns, expected output, expected error)
+    ("SELECT 1 AS a", {}, "1", None),
+    ("SELECT 1 AS a, 2 AS b", {}, "a\tb\n1\t2", None),
+    ("SELECT 1 AS a;SELECT 2 AS b", {}, "1\n2", None),
+    ("SELECT 1 a,2 b;SELECT 3 c,4 d", {}, "a\tb\n1\t2\nc\td\n3\t4", None),
+    ("SELECT 1 AS a, 2 AS b", {"header": False}, "1\t2", None),
+    ("SELECT 1 AS a, 2 AS b", {"delimiter": ","}, "a,b\n1,2", None),
+    ("SELECT NULL AS a", {}, "\\N", None),
+    ("SELECT NULL AS a", {"null": "<null>"}, "<null>", None),
+    ("SELECT 'x' AS a WHERE false", {}, None, "delete"),
+    ("SELECT pg_sleep(0)", {}, "", None),
+    ("SELECT 'a\"b\\c' AS a", {"quote": '"', "escape": "\\"}, '"a\\"b\\\\c"', None),
+    ("SELECT 1 AS n, 'x' AS s", {"quote": "'"}, "'n'\t's'\n1\t'x'", None),
+    ("SELECT 1 AS n, 'x' AS s", {"quote": "'", "string": False}, "'n'\t's'\n'1'\t'x'", None),
+    ("CREATE TEMP TABLE t (a int); INSERT INTO t VALUES (1), (2); UPDATE t SET a = a + 1; DELETE FROM t",
+     {}, "CREATE TABLE\nINSERT 0 2\nUPDATE 2\nDELETE 2", None),
+    ("CREATE TEMP TABLE t (a int); INSERT INTO t VALUES (7) RETURNING a", {}, "CREATE TABLE\n7\nINSERT 0 1", None),
+    ("CREATE TEMP TABLE t AS SELECT 1 AS a", {}, "SELECT 1", None),
+    ("SELECT 1/0 AS a", {}, "", "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"),
+    ("SELECT 1 AS a; SELECT 1/0", {}, "1", "ERROR:  division by zero\nSTATEMENT:  SELECT 1 AS a; SELECT 1/0"),
+    ("SELEC 1", {}, "", 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'),
+    ("SELECT * FROM missing_table", {}, "",
+     'ERROR:  relation "missing_table" does not exist at character 15\nSTATEMENT:  SELECT * FROM missing_table'),
+    ("DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$", {}, "",
+     "ERROR:  boom\nDETAIL:  d\nHINT:  h\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
+     "STATEMENT:  DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$"),
+    ("DO $$BEGIN RAISE EXCEPTION E'two\\nlines'; END$$", {}, "",
+     "ERROR:  two\n\tlines\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
+     "STATEMENT:  DO $$BEGIN RAISE EXCEPTION E'two\\nlines'; END$$"),
+    ("COPY (SELECT 1) TO STDOUT", {}, "", "ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  COPY (SELECT 1) TO STDOUT"),
+    ("COPY pg_class FROM STDIN", {}, "",
+     "ERROR:  COPY FROM STDIN is not supported\nSTATEMENT:  COPY pg_class FROM STDIN"),
+    ("SELECT pg_sleep(3)", {"timeout": "1 sec"}, "",
+     "ERROR:  canceling statement due to statement timeout\nSTATEMENT:  SELECT pg_sleep(3)"),
+]
+
+
+@pytest.mark.parametrize("input_text,columns,output,error", CASES, ids=[c[0][:40] for c in CASES])
+def test_output_and_error(db, service, input_text, columns, output, error):
+    task_id = db.insert(input_text, **columns)
+    if error == "delete":  # nothing came out: the row deletes itself (delete = true)
+        db.wait_gone(task_id)
+        return
+    row = db.wait_state(task_id)
+    assert row["output"] == output
+    assert row["error"] == error
+    assert row["state"] == ("FAIL" if error else "DONE")
+
+
+def test_dangling_begin_is_committed(db, service):
+    db.execute("CREATE TABLE kept (a int)")
+    task_id = db.insert("BEGIN; INSERT INTO kept VALUES (1)")
+    row = db.wait_state(task_id)
+    assert row["state"] == "DONE" and row["output"] == "BEGIN\nINSERT 0 1"
+    assert db.value("SELECT count(*) FROM kept") == 1
+
+
+def test_statements_are_one_transaction(db, service):
+    db.execute("CREATE TABLE atomic (a int)")
+    task_id = db.insert("INSERT INTO atomic VALUES (1); SELECT 1/0")
+    assert db.wait_state(task_id)["state"] == "FAIL"
+    assert db.value("SELECT count(*) FROM atomic") == 0
+
+
+def test_delete_false_keeps_empty_row(db, service):
+    task_id = db.insert("SELECT 1 WHERE false", delete=False)
+    row = db.wait_state(task_id)
+    assert row["state"] == "DONE" and row["output"] is None and row["error"] is None

@@ -1,0 +1,41 @@
+"""The claim query's plan: it must stay on the partial indexes however many rows the table holds."""
+
+import psycopg
+from psycopg import sql
+
+from pgtask import sql as named
+from pgtask.scheduler import TASK_COLUMNS
+
+
+def claim_query(conn, name):
+    return sql.SQL(named.query("queries.sql", name)).format(
+        table=sql.Identifier("public", "task"), task_columns=sql.SQL(TASK_COLUMNS),
+        copy_columns=sql.SQL(""), copy_columns_t=sql.SQL("")).as_string(conn)
+
+
+def explain(db, name, params):
+    text = claim_query(db.conn, name)
+    with db.conn.cursor() as cur:
+        cur.execute(psycopg.sql.SQL("EXPLAIN ") + psycopg.sql.SQL(text), params)
+        return "\n".join(r[0] for r in cur.fetchall())
+
+
+def test_claim_uses_partial_indexes_with_many_rows(db):
+    # 300k finished rows and 300k future rows: none of them may be scanned by a claim
+    db.execute("ALTER TABLE task DISABLE TRIGGER USER")
+    db.execute("INSERT INTO task (input, state, plan) SELECT 'SELECT 1', 'DONE', now() - '1 day'::interval "
+               "FROM generate_series(1, 300000)")
+    db.execute("INSERT INTO task (input, plan) SELECT 'SELECT 1', now() + '1 day'::interval "
+               "FROM generate_series(1, 300000)")
+    db.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, 10)")
+    db.execute("ALTER TABLE task ENABLE TRIGGER USER")
+    db.execute("ANALYZE task")
+    oid = db.value("SELECT 'task'::regclass::oid")
+    plan = explain(db, "claim", {"oid": oid, "limit": 1000})
+    assert "task_plan_idx" in plan, plan
+    assert "task_running_idx" in plan, plan
+    assert "Seq Scan on task" not in plan, plan
+    plan = explain(db, "reset", {"oid": oid})
+    assert "Seq Scan on task" not in plan, plan
+    plan = explain(db, "next", {})
+    assert "Seq Scan on task" not in plan, plan

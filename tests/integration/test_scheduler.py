@@ -1,0 +1,287 @@
+"""The scheduler through the real `pgtask run`: timing columns, repeat, groups, reuse, STOP, recovery."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from conftest import wait_for
+
+
+def test_repeat_on_the_plan_grid(db, service):
+    task_id = db.value("INSERT INTO task (plan, repeat, input) VALUES (now() - '10.5 sec'::interval, '3 sec', "
+                       "'SELECT 1') RETURNING id")
+    first = db.wait_state(task_id)
+    nxt = wait_for(lambda: db.execute("SELECT plan, state, parent FROM task WHERE parent = %s", (task_id,)),
+                   message="the next occurrence")[0]
+    # the first plan + k * 3 s after now: plan - 10.5 s + 12 s = plan + 1.5 s
+    assert nxt[0] - first["plan"] == timedelta(seconds=12)
+    assert nxt[1] in ("PLAN", "TAKE", "WORK", "DONE") and nxt[2] == task_id
+
+
+def test_repeat_with_drift_counts_from_stop(db, service):
+    task_id = db.insert("SELECT 1", repeat="1 hour", drift=True)
+    first = db.wait_state(task_id)
+    plan = wait_for(lambda: db.value("SELECT plan FROM task WHERE parent = %s", (task_id,)), message="repeat")
+    assert plan - first["stop"] == timedelta(hours=1)
+
+
+def test_failed_task_repeats_and_copies_user_columns(db, service):
+    db.execute("ALTER TABLE task ADD COLUMN meta text")
+    task_id = db.insert("SELECT 1/0", repeat="1 hour", meta="kept", data="d")
+    assert db.wait_state(task_id)["state"] == "FAIL"
+    row = wait_for(lambda: db.execute("SELECT meta, data, input, \"group\" FROM task WHERE parent = %s",
+                                      (task_id,)), message="repeat")[0]
+    assert row == ("kept", "d", "SELECT 1/0", "group")
+
+
+def test_retry_until_success_pattern(db, service):
+    """The manual's pattern: the last statement sets the row's own repeat to 0."""
+    db.execute("CREATE TABLE some_table (a int)")
+    task_id = db.insert("INSERT INTO some_table VALUES (1); "
+                        "UPDATE task SET repeat = '0 sec' WHERE id = current_setting('pg_task.id')::bigint",
+                        repeat="1 min", delete=False)
+    row = db.wait_state(task_id)
+    assert row["state"] == "DONE" and str(row["repeat"]) == "0:00:00"
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0
+
+
+def test_parent_is_the_running_task(db, service):
+    task_id = db.insert("INSERT INTO task (input, plan) VALUES ('SELECT 2', now() + '1 day') RETURNING parent")
+    row = db.wait_state(task_id)
+    assert row["output"] == f"{task_id}\nINSERT 0 1"
+    assert db.value("SELECT parent FROM task WHERE id <> %s", (task_id,)) == task_id
+
+
+def test_session_settings(db, service):
+    task_id = db.insert("SELECT current_setting('pg_task.id'), current_setting('pg_task.group'), "
+                        "current_setting('application_name'), current_user, "
+                        "current_setting('statement_timeout')", group="g x", timeout="2 sec", header=False)
+    out = db.wait_state(task_id)["output"].split("\t")
+    assert out == [str(task_id), "g x", "pg_task public task g x", "postgres", "2s"]
+
+
+def test_timeout_rounds_to_whole_seconds(db, service):
+    task_id = db.insert("SELECT current_setting('statement_timeout')", timeout="1.6 sec")
+    assert db.wait_state(task_id)["output"] == "2s"
+    task_id = db.insert("SELECT current_setting('statement_timeout')", timeout="400 ms")
+    assert db.wait_state(task_id)["output"] == "0"
+
+
+def test_search_path_of_role_and_database(db, service):
+    db.execute("CREATE SCHEMA app; CREATE TABLE app.thing (a int); INSERT INTO app.thing VALUES (5)")
+    db.execute(f'ALTER DATABASE "{db.name}" SET search_path = app, public')
+    task_id = db.insert("SELECT a FROM thing")
+    assert db.wait_state(task_id)["output"] == "5"
+
+
+def test_gone_after_active(db, service):
+    task_id = db.value("INSERT INTO task (plan, active, input) VALUES (now() - '2 hours'::interval, '1 hour', "
+                       "'SELECT 1') RETURNING id")
+    row = db.wait_state(task_id)
+    assert row["state"] == "GONE" and row["error"] == "ERROR:  task not active" and row["output"] is None
+    # repeating tasks and pause groups never expire
+    rep = db.value("INSERT INTO task (plan, active, repeat, input) VALUES (now() - '2 hours'::interval, "
+                   "'1 hour', '1 hour', 'SELECT 1') RETURNING id")
+    assert db.wait_state(rep)["state"] == "DONE"
+
+
+def test_stop_before_start_never_runs(db, service):
+    task_id = db.value("INSERT INTO task (plan, input) VALUES (now() + '1 hour', 'SELECT 1') RETURNING id")
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (task_id,))
+    db.execute("UPDATE task SET plan = now() WHERE id = %s AND false", (task_id,))
+    assert db.task(task_id)["state"] == "STOP"
+
+
+def test_stop_cancels_running_task(db, service):
+    task_id = db.insert("SELECT pg_sleep(30)", repeat="1 min")
+    db.wait_state(task_id, states=("WORK",))
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (task_id,))
+    row = wait_for(lambda: (r := db.task(task_id)) and r["stop"] is not None and r,
+                   message="the cancelled task to be finished")
+    assert row["state"] == "STOP"
+    assert row["error"].startswith("ERROR:  canceling statement due to user request")
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0  # no repeat
+    assert db.value("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' "
+                    "AND state = 'active'") == 0
+
+
+def test_negative_max_pauses_the_group(db, service):
+    db.execute("CREATE TABLE ran (at timestamptz)")
+    ids = [db.insert("INSERT INTO ran VALUES (clock_timestamp())", group="paced", max=-700) for _ in range(3)]
+    for i in ids:
+        db.wait_state(i, timeout=20)
+    times = [r[0] for r in db.execute("SELECT at FROM ran ORDER BY at")]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    # on the plan grid of each row (not from the previous stop): about |max| apart, never much less
+    assert all(0.5 <= g <= 2.5 for g in gaps), gaps
+
+
+def test_serial_group_runs_back_to_back(db, service):
+    """max 0: one at a time, each next task started right after the previous finished (no poll wait)."""
+    db.execute("CREATE TABLE ran (id bigint, at timestamptz, until timestamptz)")
+    ids = [db.insert("INSERT INTO ran SELECT current_setting('pg_task.id')::bigint, clock_timestamp(), "
+                     "clock_timestamp() + '0.05 s'; SELECT pg_sleep(0.05)", group="serial") for _ in range(10)]
+    for i in ids:
+        db.wait_state(i)
+    assert db.value("SELECT max((SELECT count(*) FROM ran b WHERE b.at <= a.at AND b.until > a.at)) FROM ran a") == 1
+    # the whole chain takes far less than 10 polls of pg_task.sleep (1 s)
+    span = db.value("SELECT extract(epoch FROM max(at) - min(at)) FROM ran")
+    assert span < 5, span
+
+
+def test_higher_max_is_a_priority(db, service_factory):
+    """Rows are claimed by remaining capacity, then id: a higher max jumps ahead in its group."""
+    db.execute("CREATE TABLE ran (id bigint, at timestamptz DEFAULT clock_timestamp())")
+    low = [db.insert("INSERT INTO ran (id) VALUES (current_setting('pg_task.id')::bigint)", group="p", max=0)
+           for _ in range(3)]
+    high = db.insert("INSERT INTO ran (id) VALUES (current_setting('pg_task.id')::bigint)", group="p", max=5)
+    service_factory(db.name)
+    for i in low + [high]:
+        db.wait_state(i)
+    assert db.value("SELECT id FROM ran ORDER BY at LIMIT 1") == high
+
+
+def test_count_reuses_the_session(db, service):
+    """count = N: one executor session runs up to N tasks of its group; save keeps its state."""
+    ids = [db.insert("SELECT pg_backend_pid()", group="reuse", count=3, header=False, delete=False)
+           for _ in range(3)]
+    pids = {db.wait_state(i)["output"] for i in ids}
+    assert len(pids) == 1
+
+
+def test_save_keeps_session_state(db, service):
+    db.value("INSERT INTO task (input, \"group\", count, save) VALUES "
+             "('CREATE TEMP TABLE t AS SELECT 41 AS a', 's', 2, true), "
+             "('SELECT a + 1 FROM t', 's', 2, true) RETURNING id")
+    rows = wait_for(lambda: (r := db.execute("SELECT output, error FROM task WHERE \"group\" = 's' AND "
+                                             "state IN ('DONE', 'FAIL') ORDER BY id")) and len(r) == 2 and r,
+                    message="both tasks")
+    assert rows == [("SELECT 1", None), ("42", None)]
+
+
+def test_without_save_the_session_is_reset(db, service):
+    db.execute("INSERT INTO task (input, \"group\", count) VALUES "
+               "('CREATE TEMP TABLE t AS SELECT 41 AS a', 'r', 2), ('SELECT a + 1 FROM t', 'r', 2)")
+    rows = wait_for(lambda: (r := db.execute("SELECT state, error FROM task WHERE \"group\" = 'r' AND "
+                                             "state IN ('DONE', 'FAIL') ORDER BY id")) and len(r) == 2 and r,
+                    message="both tasks")
+    assert rows[0][0] == "DONE" and rows[1][0] == "FAIL" and 'relation "t" does not exist' in rows[1][1]
+
+
+def test_run_caps_tasks_in_flight(db, service_factory):
+    db.execute("CREATE TABLE ran (id bigint, at timestamptz, until timestamptz)")
+    service_factory(db.name, "[pg_task]\nrun = 2\n")
+    ids = [db.insert("INSERT INTO ran SELECT current_setting('pg_task.id')::bigint, clock_timestamp(), "
+                     "clock_timestamp() + '0.3 s'; SELECT pg_sleep(0.3)", group=f"g{i}") for i in range(6)]
+    for i in ids:
+        db.wait_state(i)
+    assert db.value("SELECT max((SELECT count(*) FROM ran b WHERE b.at <= a.at AND b.until > a.at)) FROM ran a") == 2
+
+
+def test_limit_zero_claims_nothing(db, service_factory):
+    service_factory(db.name, "[pg_task]\nlimit = 0\n")
+    task_id = db.insert("SELECT 1")
+    with pytest.raises(AssertionError):
+        db.wait_state(task_id, timeout=2)
+    assert db.task(task_id)["state"] == "PLAN"
+
+
+def test_orphans_of_a_killed_service_run_again(db, service_factory):
+    db.execute("CREATE TABLE ran (id bigint)")
+    svc = service_factory(db.name)
+    task_id = db.insert("INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep(2)")
+    db.wait_state(task_id, states=("WORK",))
+    svc.kill()
+    # its session may still be running on the server; the row stays WORK until a new service looks
+    service_factory(db.name)
+    row = db.wait_state(task_id, timeout=20)
+    assert row["state"] == "DONE" and row["attempt"] == 2
+    assert db.value("SELECT count(*) FROM ran") == 2
+
+
+def test_sigterm_drains(db, service_factory):
+    svc = service_factory(db.name)
+    task_id = db.insert("SELECT pg_sleep(1)")
+    db.wait_state(task_id, states=("WORK",))
+    assert svc.stop(signal.SIGTERM) == 0
+    assert db.task(task_id)["state"] == "DONE"  # it finished within the grace period
+
+
+def test_sigterm_grace_over_requeues(db, service_factory):
+    svc = service_factory(db.name, "[pgtask]\ngrace = 0.5\nreset_check = 0.5\n")
+    task_id = db.insert("SELECT pg_sleep(30)")
+    db.wait_state(task_id, states=("WORK",))
+    assert svc.stop(signal.SIGTERM) == 0
+    row = db.task(task_id)
+    assert row["state"] == "PLAN" and row["error"] is None  # cancelled by the drain: runs again later
+    service_factory(db.name)
+    db.wait_state(task_id, states=("WORK",))
+
+
+def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
+    env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('[pg_task]\njson = [{data = "%s", user = "prov_user", schema = "jobs", table = "t"}]\n' % db.name)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pgtask.cli", *args], env=env, capture_output=True, text=True)
+
+    first = run("provision", "--json", "--config", str(cfg))
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert report["changed"] and "created role prov_user" in report["actions"]
+    assert "created table jobs.t" in report["actions"]
+    second = json.loads(run("provision", "--json", "--config", str(cfg)).stdout)
+    assert second == {"changed": False, "actions": []}
+
+    bad = tmp_path / "bad.toml"
+    for text, key in [('[pg_task]\nsleep = "1s"\n', "pg_task.sleep"), ("[pg_task]\nslep = 1\n", "pg_task.slep"),
+                      ('[pgtask]\ngrace = "x"\n', "pgtask.grace"), ("[pg_task]\ngroup = 'x'\n", "pg_task.group"),
+                      ('[pg_task]\njson = [{data = "d", colour = 1}]\n', "pg_task.json[0].colour")]:
+        bad.write_text(text)
+        result = run("run", "--config", str(bad))
+        assert result.returncode == 2 and key in result.stderr, (text, result.stderr)
+
+    status = run("status", "--config", str(cfg))
+    assert status.returncode == 0 and "prov_user" in status.stdout
+    config = run("config", "--config", str(cfg))
+    assert config.returncode == 0 and "pg_task.json" in config.stdout
+
+
+def test_many_groups_all_run(db, service):
+    ids = [db.insert("SELECT 1", group=f"g{i % 16}") for i in range(200)]
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE' AND output = '1'") == 200, 30,
+             message="200 tasks in 16 groups to be DONE")
+    assert db.value("SELECT max(attempt) FROM task") == 1
+
+
+def test_executes_as_the_inserting_role(db, service):
+    db.role("dave")
+    with db.connect("dave") as dave:
+        task_id = dave.execute("INSERT INTO task (input) VALUES ('SELECT current_user, session_user') "
+                               "RETURNING id").fetchone()[0]
+    assert db.wait_state(task_id)["output"] == "current_user\tsession_user\ndave\tdave"
+
+
+@pytest.mark.parametrize("escape", [
+    "RESET ROLE; SELECT current_user",
+    "SET ROLE postgres; SELECT current_user",
+    "SET SESSION AUTHORIZATION postgres; SELECT current_user",
+    "SELECT set_config('role', 'postgres', false); SELECT current_user",
+    "DO $$BEGIN EXECUTE 'SET ROLE postgres'; END$$; SELECT current_user",
+    "CREATE FUNCTION pg_temp.f() RETURNS text LANGUAGE plpgsql AS $$BEGIN RESET ROLE; RETURN current_user; END$$; "
+    "SELECT pg_temp.f()",
+])
+def test_input_cannot_leave_its_role(db, service, escape):
+    db.role("erin")
+    with db.connect("erin") as erin:
+        task_id = erin.execute("INSERT INTO task (input) VALUES (%s) RETURNING id", (escape,)).fetchone()[0]
+    row = db.wait_state(task_id)
+    assert "postgres" not in (row["output"] or "").split("\n")[-1:]
+    assert row["state"] == "FAIL" or row["output"].split("\n")[-1] == "erin", row

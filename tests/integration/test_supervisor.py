@@ -1,0 +1,105 @@
+"""The supervisor (pg_conf): entries of pg_task.json, SIGHUP, restarts; several service instances."""
+
+import signal
+
+import psycopg
+import pytest
+
+from conftest import wait_for
+
+
+def qualified(schema, table):
+    return psycopg.sql.Identifier(schema, table).as_string(None)
+
+
+def run_in(cluster, dbname, user, schema, table, input_text="SELECT current_user, current_database()"):
+    with psycopg.connect(cluster.conninfo(dbname, user), autocommit=True) as conn:
+        return conn.execute(f"INSERT INTO {qualified(schema, table)} (input) VALUES (%s) RETURNING id",
+                            (input_text,)).fetchone()[0]
+
+
+def state_in(cluster, dbname, schema, table, task_id):
+    with psycopg.connect(cluster.conninfo(dbname), autocommit=True) as conn:
+        return conn.execute(f"SELECT state, output FROM {qualified(schema, table)} WHERE id = %s",
+                            (task_id,)).fetchone()
+
+
+def test_four_entries_from_nothing_and_sighup(db, cluster, service_factory):
+    suffix = db.name
+    entries = [
+        {"data": f"{suffix}_db1"},                                            # other database, user = data
+        {"data": db.name, "user": f"{suffix}_u2"},                            # other user
+        {"data": db.name, "user": "postgres", "schema": "s3"},                # other schema
+        {"data": db.name, "user": "postgres", "table": "t4", "sleep": 100},  # other table and sleep
+    ]
+
+    def toml(items):
+        inner = ", ".join("{" + ", ".join(f'{k} = {v!r}'.replace("'", '"') for k, v in e.items()) + "}"
+                          for e in items)
+        return f"[pg_task]\njson = [{inner}]\n"
+
+    svc = service_factory(db.name, toml(entries))
+    targets = [(f"{suffix}_db1", f"{suffix}_db1", "public", "task"), (db.name, f"{suffix}_u2", "public", "task"),
+               (db.name, "postgres", "s3", "task"), (db.name, "postgres", "public", "t4")]
+    for dbname, user, schema, table in targets:
+        if user != "postgres" and dbname == db.name:
+            # the table already existed (the template's); let the new role use it
+            db.execute(f'GRANT INSERT, SELECT ON task TO "{user}"; GRANT USAGE ON SEQUENCE task_id_seq TO "{user}"')
+        task_id = run_in(cluster, dbname, user, schema, table)
+        row = wait_for(lambda: (r := state_in(cluster, dbname, schema, table, task_id)) and r[0] == "DONE" and r,
+                       message=f"a task in {dbname} {schema}.{table}")
+        assert row[1].split("\n")[-1] == f"{user}\t{dbname}"
+    # the new database is owned by its role, and so is its table
+    with psycopg.connect(cluster.conninfo(f"{suffix}_db1"), autocommit=True) as conn:
+        assert conn.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'task'").fetchone()[0] == f"{suffix}_db1"
+
+    # SIGHUP: remove the third entry, add a fifth
+    entries = [entries[0], entries[1], entries[3], {"data": db.name, "user": "postgres", "table": "t5"}]
+    svc.write_config(toml(entries))
+    svc.signal(signal.SIGHUP)
+    wait_for(lambda: "scheduler started: postgres@" + db.name + " public.t5" in svc.output(), 20,
+             message="the added entry to start")
+    task_id = run_in(cluster, db.name, "postgres", "public", "t5")
+    wait_for(lambda: state_in(cluster, db.name, "public", "t5", task_id)[0] == "DONE", message="t5 task")
+    wait_for(lambda: "entry removed" in svc.output(), message="the removed entry to stop")
+    task_id = run_in(cluster, db.name, "postgres", "s3", "task")
+    with pytest.raises(AssertionError):
+        wait_for(lambda: state_in(cluster, db.name, "s3", "task", task_id)[0] != "PLAN", 2)
+
+
+def test_bad_config_on_sighup_keeps_the_old_one(db, service_factory):
+    svc = service_factory(db.name)
+    svc.write_config("[pg_task]\nsleep = 'soon'\n")
+    svc.signal(signal.SIGHUP)
+    wait_for(lambda: "configuration not reloaded" in svc.output() and "pg_task.sleep" in svc.output(),
+             message="the error to be logged")
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
+
+
+def test_sighup_does_not_interrupt_running_tasks(db, service):
+    task_id = db.insert("SELECT pg_sleep(1.5)")
+    db.wait_state(task_id, states=("WORK",))
+    service.signal(signal.SIGHUP)
+    row = db.wait_state(task_id)
+    assert row["state"] == "DONE" and row["attempt"] == 1
+
+
+def test_two_instances_share_the_work(db, service_factory):
+    db.execute("CREATE TABLE runs (id bigint, at timestamptz, until timestamptz)")
+    body = ("INSERT INTO runs SELECT current_setting('pg_task.id')::bigint, clock_timestamp(), "
+            "clock_timestamp() + '0.05 s'; SELECT pg_sleep(0.05)")
+    ids = [db.insert(body, group=f"g{i % 4}", max=1) for i in range(120)]
+    a = service_factory(db.name)
+    b = service_factory(db.name)
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == len(ids), 60,
+             message="all tasks done")
+    assert db.value("SELECT count(*) FROM runs") == len(ids)            # none ran twice
+    assert db.value("SELECT count(DISTINCT id) FROM runs") == len(ids)  # none was lost
+    # max = 1 held across both instances: never more than 2 of a group at once
+    overlap = db.value("""SELECT max((SELECT count(*) FROM runs b JOIN task tb ON tb.id = b.id
+                          WHERE tb."group" = ta."group" AND b.at <= a.at AND b.until > a.at))
+                          FROM runs a JOIN task ta ON ta.id = a.id""")
+    assert overlap <= 2
+    pids = db.value("SELECT count(DISTINCT pid) FROM task")
+    assert pids >= 2
+    assert a.proc.poll() is None and b.proc.poll() is None
