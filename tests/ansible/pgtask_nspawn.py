@@ -52,14 +52,18 @@ def cannot_boot_reason() -> str | None:
         return "booting a systemd-nspawn container needs root"
     if sys.platform != "linux":
         return "systemd-nspawn needs Linux"
-    missing = [t for t in ("debootstrap", "systemd-nspawn", "nsenter", "ssh", "ssh-keygen")
-               if shutil.which(t) is None]
-    if missing and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "debootstrap", "systemd-container",
-                        "openssh-client", "util-linux"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        missing = [t for t in ("debootstrap", "systemd-nspawn", "nsenter", "ssh", "ssh-keygen")
-                   if shutil.which(t) is None]
+    tools = ("debootstrap", "systemd-nspawn", "nsenter", "ssh", "ssh-keygen")
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing and shutil.which("apt-get"):  # CI installs them (scripts/bootstrap); a bare host too
+        for step in (["apt-get", "install", "-y", "-q"], ["apt-get", "update", "-q"],
+                     ["apt-get", "install", "-y", "-q"]):
+            pkgs = ["debootstrap", "systemd-container", "openssh-client", "util-linux"]
+            subprocess.run(step + (pkgs if "install" in step else []), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            missing = [t for t in tools if shutil.which(t) is None]
+            if not missing:
+                break
     if missing:
         return f"cannot boot containers here: {', '.join(missing)} missing and not installable"
     if not Path("/sys/fs/cgroup").is_dir():

@@ -17,7 +17,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import REPO, Run, run_playbook, wait_for
+from pgtask_playbook import REPO, Run, run_playbook, wait_for
 
 HOST = "box"
 pytestmark = pytest.mark.timeout(900)

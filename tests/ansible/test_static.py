@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, ansible_env, tool
+from pgtask_playbook import REPO, ansible_env, tool
 
 ROLE = REPO / "roles" / "pgtask"
 
