@@ -11,7 +11,7 @@ import pytest
 # No __init__.py here (a package named "ansible" would shadow ansible itself), and the helpers live in
 # modules with names of their own (tests/conftest.py is "conftest" too).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pgtask_nspawn as nspawn  # noqa: E402
+import pgtask_nspawn as nspawn
 
 
 @pytest.fixture(scope="session")

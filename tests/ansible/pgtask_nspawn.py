@@ -160,7 +160,7 @@ class Container:
         self.log_path = CACHE_ROOT / f"{name}.console.log"
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> "Container":
+    def start(self, timeout: float = 60.0) -> Container:
         cg = " ".join(str(d) for d in _cgroup_dirs(self.name))
         args = ["systemd-nspawn", "-q", "-D", str(self.root), "-M", self.name, "--boot",
                 "--register=no", "--keep-unit", "--console=passive", "--volatile=overlay"]
@@ -169,7 +169,7 @@ class Container:
         # nspawn with --keep-unit makes its cgroups next to its own: give it one of its own first.
         script = (f'for d in {cg}; do mkdir -p "$d" && echo $$ > "$d/cgroup.procs"; done; '
                   f'exec {" ".join(args)}')
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(["sh", "-c", script], stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -179,7 +179,7 @@ class Container:
                 raise RuntimeError(f"systemd-nspawn exited {self.proc.returncode}: {self.console()}")
             if self.pid is None:
                 out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-x", "systemd"],
-                                     capture_output=True, text=True).stdout.split()
+                                     check=False, capture_output=True, text=True).stdout.split()
                 self.pid = int(out[0]) if out else None
             if self.pid is not None:
                 state = self.sh("systemctl is-system-running", check=False).stdout.strip()
@@ -198,7 +198,7 @@ class Container:
     def stop(self, timeout: float = 30.0) -> None:
         if self.pid is not None:
             # leftover `nsenter -t PID …` (e.g. an sshd -i) would keep the container from stopping
-            out = subprocess.run(["pgrep", "-f", f"nsenter -t {self.pid} "], capture_output=True,
+            out = subprocess.run(["pgrep", "-f", f"nsenter -t {self.pid} "], check=False, capture_output=True,
                                  text=True).stdout.split()
             for p in out:
                 try:
@@ -230,7 +230,7 @@ class Container:
                     pass
         shutil.rmtree(f"/run/systemd/nspawn/propagate/{self.name}", ignore_errors=True)
 
-    def __enter__(self) -> "Container":
+    def __enter__(self) -> Container:  # noqa: PYI034
         try:
             return self.start()
         except BaseException:
@@ -248,7 +248,7 @@ class Container:
         if user:
             argv += ["runuser", "-u", user, "--"]
         argv += ["sh", "-c", command]
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise AssertionError(f"{command!r} in {self.name} exited {res.returncode}:\n"
                                  f"{res.stdout}\n{res.stderr}")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +47,7 @@ class Run:
     output: str
 
     def recap(self, host: str) -> dict[str, int]:
-        m = re.search(rf"^{re.escape(host)}\s*:\s*(.*)$", self.output.split("PLAY RECAP")[-1], re.M)
+        m = re.search(rf"^{re.escape(host)}\s*:\s*(.*)$", self.output.split("PLAY RECAP")[-1], re.MULTILINE)
         assert m, f"no PLAY RECAP line for {host}:\n{self.output[-3000:]}"
         return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
@@ -64,9 +63,15 @@ class Run:
         return names
 
 
+def run_tool(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run an Ansible tool in the repository with the tests' environment; output captured."""
+    return subprocess.run([tool(name), *args], cwd=REPO, env=ansible_env(), check=False,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def run_playbook(inventory: Path, *args: str, timeout: float = 480) -> Run:
     cmd = [tool("ansible-playbook"), "-i", str(inventory), str(REPO / "playbook.yml"), *args]
-    res = subprocess.run(cmd, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
+    res = subprocess.run(cmd, cwd=REPO, env=ansible_env(), check=False, capture_output=True, text=True,
                          timeout=timeout)
     return Run(res.returncode, res.stdout + res.stderr)
 

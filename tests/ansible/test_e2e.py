@@ -16,7 +16,6 @@ import shutil
 
 import pytest
 import yaml
-
 from pgtask_playbook import REPO, Run, run_playbook, wait_for
 
 HOST = "box"
@@ -194,7 +193,7 @@ def test_upgrade_restarts_the_service(host, deploy, tmp_path):
         if (REPO / name).exists():
             shutil.copy(REPO / name, src / name)
     pyproject = (src / "pyproject.toml").read_text()
-    old = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    old = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE).group(1)
     new = f"{old}.post1"
     (src / "pyproject.toml").write_text(pyproject.replace(f'version = "{old}"', f'version = "{new}"', 1))
     assert installed_version(host) == old

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import yaml
-
-from pgtask_playbook import REPO, ansible_env, tool
+from pgtask_playbook import REPO, run_tool
 
 ROLE = REPO / "roles" / "pgtask"
 
 
 @pytest.mark.parametrize("inventory", ["local", "example"])
 def test_syntax_check(inventory):
-    res = subprocess.run([tool("ansible-playbook"), "-i", str(REPO / "inventories" / inventory),
-                          str(REPO / "playbook.yml"), "--syntax-check"],
-                         cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=120)
+    res = run_tool("ansible-playbook", "-i", str(REPO / "inventories" / inventory),
+                   str(REPO / "playbook.yml"), "--syntax-check")
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_inventories_list_the_groups():
     for inventory, schedulers in (("local", 1), ("example", 2)):
-        res = subprocess.run([tool("ansible-inventory"), "-i", str(REPO / "inventories" / inventory),
-                              "--list"], cwd=REPO, env=ansible_env(), capture_output=True, text=True,
-                             timeout=120)
+        res = run_tool("ansible-inventory", "-i", str(REPO / "inventories" / inventory), "--list")
         assert res.returncode == 0, res.stderr
         groups = yaml.safe_load(res.stdout)
         assert len(groups["pgtask_db"]["hosts"]) == 1
@@ -33,9 +27,8 @@ def test_inventories_list_the_groups():
 
 @pytest.mark.timeout(600)
 def test_ansible_lint_clean():
-    res = subprocess.run([tool("ansible-lint"), "--offline", "--strict", "-q",
-                          "playbook.yml", "roles/pgtask", "inventories"],
-                         cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=540)
+    res = run_tool("ansible-lint", "--offline", "--strict", "-q", "playbook.yml", "roles/pgtask",
+                   "inventories", timeout=540)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
