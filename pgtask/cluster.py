@@ -117,7 +117,8 @@ class Cluster:
         return self.base / "postgres.log"
 
     def conninfo(self, dbname: str = "postgres", user: str | None = None) -> str:
-        return f"host={self.socket_dir} port={self.port} dbname={dbname} user={user or self.superuser}"
+        from psycopg.conninfo import make_conninfo
+        return make_conninfo(host=str(self.socket_dir), port=self.port, dbname=dbname, user=user or self.superuser)
 
     def env(self) -> dict[str, str]:
         """libpq environment variables pointing at this cluster."""

@@ -71,11 +71,21 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "log_level": (str, "info"),
     "embedded_dir": (str, ""),       # where the embedded cluster lives ("" = ./.pgtask)
     "embedded_port": (int, 5432),
-    "output_limit": (int, 64 * 1024 * 1024),  # bytes of output kept per task; the rest is cut
+    "output_limit": (int, 8 * 1024 * 1024),  # characters of output kept per task; the rest is cut
     "execute_as": (str, "login"),    # login | set_role: how a local task takes its author's role
     "reconcile": (float, 0.0),       # seconds between authoritative polls when idle (0 = pg_task.sleep)
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)
+    # maintenance (pgtask/maintenance.py; docs/schedules.md)
+    "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
+    "schedule_batch": (int, 100),        # schedules per pass
+    "retention": (str, ""),              # delete finished tasks older than this interval; "" = keep
+    "retention_interval": (float, 60.0),  # seconds between retention passes
+    "retention_batch": (int, 1000),      # rows per DELETE (10 DELETEs per pass at most)
+    "key_interval": (float, 60.0),       # seconds between idempotency-key expiry passes
+    "key_batch": (int, 1000),            # reservations per DELETE
 }
+MAINTENANCE_KEYS = ("schedule_interval", "schedule_batch", "retention", "retention_interval",
+                    "retention_batch", "key_interval", "key_batch")
 
 ENTRY_KEYS = {"data": str, "user": str, "schema": str, "table": str, "sleep": int, "reset": str,
               "run": int, "spi": bool}

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
+from . import spi as spi_mode
 from . import wire
 from .output import Format, Output, format_error, simple_error
 
@@ -178,18 +179,25 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> s
 
 
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
-                    output_limit: int) -> tuple[str | None, str | None]:
+                    output_limit: int, spi: bool = False) -> tuple[str | None, str | None]:
     """Run one task's input on ``session``; returns (output, error).
 
+    ``spi`` is the entry's pg_task.spi; the author's session value (ALTER SYSTEM/DATABASE/ROLE)
+    wins when set, and is read in the preamble's round trip.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
     session.dirty = True
     error: str | None = None
-    err = await wire.simple(session.pgconn, preamble(task, schema, table, oid, session.set_role),
-                            session.encoding)
+    err, bad_setting, use_spi = await spi_mode.preamble(
+        session.pgconn, preamble(task, schema, table, oid, session.set_role), session.set_role, spi,
+        session.encoding)
     if err is not None:
         error = format_error(err, task.input, session.encoding)
+    elif bad_setting is not None:
+        error = bad_setting
+    elif use_spi:
+        error = await spi_mode.run(session.pgconn, task.input, out, session.encoding)
     elif (refusal := refused_copy(task.input)) is not None:
         error = simple_error(refusal, statement=task.input)
     else:

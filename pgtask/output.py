@@ -71,26 +71,39 @@ class Output:
         return f"{f.quote}{value}{f.quote}"
 
     def result(self, res: pq.PGresult, local: bool) -> None:
-        """Append one result set: header and rows, or the command tag."""
-        tag = (res.command_status or b"")
-        if res.status == pq.ExecStatus.TUPLES_OK:
-            enc = self.encoding
-            nfields = res.nfields
-            nonstring = [res.ftype(i) in NONSTRING_OIDS for i in range(nfields)]
-            if self.fmt.header and res.ntuples > 0 and nfields > 1:
-                self.piece(self.fmt.delimiter.join(
-                    self._quoted((res.fname(i) or b"").decode(enc), False) for i in range(nfields)))
+        """Append one whole result set: header and rows, or the command tag."""
+        if res.status == pq.ExecStatus.TUPLES_OK and res.ntuples > 0:
+            self.header(res)
             for row in range(res.ntuples):
-                cells = []
-                for col in range(nfields):
-                    raw = res.get_value(row, col)
-                    cells.append(self.fmt.null if raw is None else self._quoted(raw.decode(enc), nonstring[col]))
-                self.piece(self.fmt.delimiter.join(cells))
+                self.row(res, row)
                 if self.truncated:
                     return
-            # Locally a DML statement with RETURNING prints its rows and then its tag.
+        self.end(res, local)
+
+    def header(self, res: pq.PGresult) -> None:
+        """Before a result set's first row: the column names, when asked and more than one column."""
+        nfields = res.nfields
+        self._nonstring = [res.ftype(i) in NONSTRING_OIDS for i in range(nfields)]
+        if self.fmt.header and nfields > 1:
+            self.piece(self.fmt.delimiter.join(
+                self._quoted((res.fname(i) or b"").decode(self.encoding), False) for i in range(nfields)))
+
+    def row(self, res: pq.PGresult, row: int = 0) -> None:
+        if self.truncated:
+            return  # rows still arrive from the server; they are read and dropped (bounded memory)
+        cells = []
+        for col in range(res.nfields):
+            raw = res.get_value(row, col)
+            cells.append(self.fmt.null if raw is None else
+                         self._quoted(raw.decode(self.encoding), self._nonstring[col]))
+        self.piece(self.fmt.delimiter.join(cells))
+
+    def end(self, res: pq.PGresult, local: bool) -> None:
+        """The end of a statement: its tag, unless it returned rows (DML RETURNING: locally, after them)."""
+        tag = res.command_status or b""
+        if res.status == pq.ExecStatus.TUPLES_OK:
             if local and tag.startswith(DML_TAGS):
-                self.piece(tag.decode(enc))
+                self.piece(tag.decode(self.encoding))
         elif res.status == pq.ExecStatus.COMMAND_OK and tag:
             self.piece(tag.decode(self.encoding))
 

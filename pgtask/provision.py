@@ -153,6 +153,7 @@ class TableProvisioner:
         await self.defaults_and_constraints()
         await self.indexes()
         await self.triggers(oid)
+        await self.extras(oid)
         return oid
 
     async def schema_and_type(self) -> None:
@@ -322,6 +323,73 @@ class TableProvisioner:
                 await c.execute(self.q("triggers.sql", f"{kind}_trigger", fn=fn,
                                        trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name} on {self.name}")
+
+
+    # -- schedules, idempotency keys, group capacity (sql/schedule.sql) ---------------------------
+    async def extras(self, oid: int) -> None:
+        """The tables and functions beside the task table: <table>_schedule, _occurrence, _key,
+        _group; <table>_enqueue(), <table>_schedule_next(); the capacity trigger on the task table."""
+        c = self.conn
+        ids = {**self.ids, **{kind: sql.Identifier(self.schema, _ident_name(f"{self.table}_{suffix}"))
+                              for kind, suffix in EXTRA_TABLES.items()},
+               "regclass": sql.Literal(self.name_literal()), "channel": sql.Literal(channel(oid))}
+
+        def q(name: str, **extra) -> sql.Composed:
+            return sql.SQL(named.query("schedule.sql", name)).format(**ids, **extra)
+
+        for kind, suffix in EXTRA_TABLES.items():
+            rel = _ident_name(f"{self.table}_{suffix}")
+            if await self._relation(rel) is None:
+                await c.execute(q(f"create_{kind}"))
+                await c.execute(q(f"comment_{kind}"))
+                if self.owner:  # provisioning on behalf of the entry's role: it owns these too
+                    await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                        ids[kind], sql.Identifier(self.owner)))
+                self.report.add(f"created table {self.schema}.{rel}")
+        for suffix, (on, query_name) in EXTRA_INDEXES.items():
+            rel = _ident_name(f"{self.table}_{suffix}")
+            if await self._relation(rel) is None:
+                await c.execute(q(query_name, index=sql.Identifier(rel)))
+                self.report.add(f"created index {rel}")
+        for suffix, (query_name, trigger_on) in EXTRA_FUNCTIONS.items():
+            fn_name = _ident_name(f"{self.table}_{suffix}")
+            create_fn = q(query_name, fn=sql.Identifier(self.schema, fn_name))
+            body = create_fn.as_string(c).split("$body$")[1]
+            row = await _one(c, """SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = %s AND p.proname = %s""", (self.schema, fn_name))
+            if row is None or row[0] != body:
+                await c.execute(create_fn)
+                if self.owner and row is None:
+                    await c.execute(sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(
+                        sql.Identifier(self.schema, fn_name), sql.Identifier(self.owner)))
+                self.report.add(f"{'created' if row is None else 'replaced'} function {self.schema}.{fn_name}")
+            if trigger_on is None:
+                continue
+            target = self.name_literal() if trigger_on == "table" else sql.Identifier(
+                self.schema, _ident_name(f"{self.table}_{EXTRA_TABLES[trigger_on]}")).as_string(c)
+            have = await _one(c, "SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s",
+                              (target, fn_name))
+            if have is None:
+                await c.execute(q(f"{query_name}_trigger", fn=sql.Identifier(self.schema, fn_name),
+                                  trigger=sql.Identifier(fn_name)))
+                self.report.add(f"created trigger {fn_name}")
+
+    async def _relation(self, name: str) -> tuple | None:
+        return await _one(self.conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %s AND c.relname = %s""", (self.schema, name))
+
+
+# placeholder -> table name suffix (the table is <task table>_<suffix> in the same schema)
+EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group"}
+# index name suffix -> (table it is on, query in schedule.sql)
+EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
+                 "key_expires_idx": ("keys", "index_keys_expires"),
+                 "live_group_idx": ("table", "index_live_group")}
+# function name suffix -> (query in schedule.sql, the table its trigger is on or None)
+EXTRA_FUNCTIONS = {"capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
+                   "schedule_next": ("schedule_next", None),
+                   "schedule_guard": ("schedule_guard", "schedule"),
+                   "schedule_wake": ("schedule_wake", "schedule")}
 
 
 def _ident_name(name: str) -> str:

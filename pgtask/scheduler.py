@@ -13,18 +13,20 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import provision
+from . import provision, remote
 from . import sql as named
 from .config import Entry
 from .executor import Session, SessionPool, Task, run_input
+from .maintenance import Maintenance, MaintenanceOptions
 from .output import simple_error
 
 log = logging.getLogger("pgtask.scheduler")
@@ -44,6 +46,19 @@ class Options:
     output_limit: int
     execute_as: str
     grace: float
+    maintenance: dict[str, Any] = field(default_factory=dict)  # config.MAINTENANCE_KEYS
+
+
+def with_liveness(conninfo: str) -> str:
+    """Let the server notice a vanished service: TCP keepalives, and a running query checks its client
+    every second (client_connection_check_interval) so an orphaned task is cancelled, not finished."""
+    params = conninfo_to_dict(conninfo) if conninfo else {}
+    extra = {k: v for k, v in (("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"),
+                               ("keepalives_count", "3")) if k not in params}
+    options = params.get("options", "")
+    if "client_connection_check_interval" not in options:
+        extra["options"] = (options + " -c client_connection_check_interval=1000").strip()
+    return make_conninfo(conninfo, **extra)
 
 
 class Backoff:
@@ -64,6 +79,7 @@ class Backoff:
 class Scheduler:
     def __init__(self, entry: Entry, base_conninfo: str, options: Options):
         self.entry, self.options = entry, options
+        base_conninfo = with_liveness(base_conninfo)
         self.conninfo = make_conninfo(base_conninfo, dbname=entry.data, user=entry.user)
         self.base_for_sessions = make_conninfo(base_conninfo, dbname=entry.data)
         self.table = sql.Identifier(entry.schema, entry.table)
@@ -82,6 +98,8 @@ class Scheduler:
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
         self._queries: dict[str, sql.Composed] = {}
+        self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
+                                       MaintenanceOptions.from_service(options.maintenance), entry.label())
 
     # -- queries -------------------------------------------------------------------------------
     def q(self, name: str) -> sql.Composed:
@@ -146,6 +164,8 @@ class Scheduler:
     async def run(self) -> None:
         await self.start()
         listener = asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")
+        # schedules, retention, key expiry: their own connection and timers, never in the claim path
+        maintenance = asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}")
         self.ready.set()
         last_reset = time.monotonic()
         try:
@@ -177,7 +197,8 @@ class Scheduler:
                 self.wake.clear()
         finally:
             listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+            maintenance.cancel()
+            await asyncio.gather(listener, maintenance, return_exceptions=True)
 
     async def claim_pass(self) -> tuple[int, float | None, bool]:
         conn = self.control
@@ -210,11 +231,11 @@ class Scheduler:
         done = 0
         born = None
         spawner_max = task.max
+        if task.remote is not None:
+            await remote.execute(self, task)  # its own connection, driven on this event loop
+            return
         try:
             while task is not None:
-                if task.remote is not None:
-                    await self.finish(task, "", simple_error("remote tasks are not supported yet"))
-                    return
                 if session is None:
                     try:
                         session = await self.sessions.get(task.user, f"pg_task {self.entry.schema} "
@@ -229,7 +250,7 @@ class Scheduler:
                     return
                 try:
                     output, error = await run_input(session, task, self.entry.schema, self.entry.table,
-                                                    self.oid, self.options.output_limit)
+                                                    self.oid, self.options.output_limit, spi=self.entry.spi)
                 except psycopg.OperationalError as exc:
                     log.warning("task %s: executor connection lost (%s); it will run again", task.id,
                                 str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
@@ -358,13 +379,17 @@ class Scheduler:
         backoff = Backoff()
         while not self.stopping:
             try:
-                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(make_conninfo(
+                        self.conninfo, application_name=f"pgtask listen {self.entry.schema} {self.entry.table}"),
+                        autocommit=True) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     backoff.reset()
                     self.wake.set()  # a (re)connected listener triggers an immediate claim pass
                     async for note in conn.notifies():
                         if note.payload.startswith("stop "):
                             await self.cancel(int(note.payload[5:]))
+                        elif note.payload == "schedule":
+                            self.maintenance.poke()
                         self.wake.set()
             except psycopg.OperationalError as exc:
                 delay = backoff.next()

@@ -43,9 +43,11 @@ async def _consume(pgconn: pq.abc.PGconn) -> None:
         raise
 
 
-async def send(pgconn: pq.abc.PGconn, text: str, encoding: str) -> None:
+async def send(pgconn: pq.abc.PGconn, text: str, encoding: str, single_row: bool = False) -> None:
     try:
         pgconn.send_query(text.encode(encoding))
+        if single_row:
+            pgconn.set_single_row_mode()
     except psycopg.Error:
         _check(pgconn)
         raise
@@ -68,11 +70,21 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
 
     Raises psycopg.OperationalError when the connection is lost (outcome unknown).
     """
-    await send(pgconn, text, encoding)
+    await send(pgconn, text, encoding, single_row=True)
     error: pq.abc.PGresult | None = None
+    in_rows = False
     while (res := await next_result(pgconn)) is not None:
         status = res.status
-        if status == E.COPY_OUT:
+        if status == E.SINGLE_TUPLE:
+            # single-row mode: rows arrive one by one, so a huge result never sits in memory whole
+            if not in_rows:
+                out.header(res)
+                in_rows = True
+            out.row(res)
+        elif status == E.TUPLES_OK:
+            in_rows = False
+            out.result(res, local)  # zero rows left: only the DML tag, where one is printed
+        elif status == E.COPY_OUT:
             await _copy_out(pgconn, out.raw, encoding)
             tag = await next_result(pgconn)  # the COPY n tag: not printed, but may be an error
             if tag is not None and tag.status == E.FATAL_ERROR and error is None:
@@ -83,6 +95,7 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
             while pgconn.flush() != 0:
                 await _wait(pgconn.socket, write=True)
         elif status == E.FATAL_ERROR:
+            in_rows = False
             if error is None:
                 error = res
         else:

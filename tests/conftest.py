@@ -165,10 +165,10 @@ class Service:
         self.proc: subprocess.Popen | None = None
 
     def write_config(self, config: str) -> None:
-        base = "[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = \"debug\"\n"
+        base = "\n[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = \"debug\"\n"
         if "[pgtask]" in config:
             base = ""
-        self.config_path.write_text(base + config)
+        self.config_path.write_text(config + base)
 
     def start(self, wait: bool = True) -> Service:
         self.log = open(self.log_path, "ab")

@@ -106,7 +106,9 @@ BEGIN
             RAISE EXCEPTION 'task % is % and can no longer be changed', OLD.id, OLD."state"
                 USING ERRCODE = 'check_violation',
                       HINT = 'Only a task in state PLAN can be edited.';
-        ELSIF NOT pg_has_role(current_user, OLD."user", 'MEMBER') THEN
+        ELSIF NOT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
+              AND (NOT EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
+                   OR NOT pg_has_role(current_user, OLD."user", 'MEMBER')) THEN
             RAISE EXCEPTION 'permission denied to change task % of role %', OLD.id, OLD."user"
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'Only members of the role a task runs as may change it.';

@@ -1,0 +1,232 @@
+"""Remote execution (spec section 6): a task whose ``remote`` is set runs on another server.
+
+The scheduler drives every remote connection itself on its own event loop -- psycopg's asynchronous
+connect, then libpq's non-blocking query interface through ``wire`` -- so hundreds of remote tasks
+run at once from one process with no thread or process per task.
+
+Per connection: parse ``remote`` (a failure ends the task straight from TAKE), apply the password
+rule, connect with pg_task's ``application_name``, ``options`` and ``client_encoding``; then per
+task: TAKE -> WORK with the remote backend pid, the preamble, the input as one simple query, COMMIT
+of a transaction left open, finish; then, within count/live, the next task of the same group and
+remote on the same connection (after ``DISCARD ALL`` unless the finished task had ``save``).
+
+Connection strings are never logged: they may hold passwords.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import TYPE_CHECKING
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from . import wire
+from .executor import Task
+from .output import Output, format_error, simple_error
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+log = logging.getLogger("pgtask.remote")
+
+# Seconds a remote connection may take when neither ``remote`` nor PGCONNECT_TIMEOUT bounds it.
+DEFAULT_CONNECT_TIMEOUT = 10
+
+# About the task's author, asked in the local database before connecting (the password rule).
+LOCAL_FACTS = """SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = %s), false),
+    current_setting('server_encoding')"""
+
+PASSWORD_REQUIRED = "password is required"
+NO_PASSWORD_KEYWORD = "Non-superusers must provide a password in the connection string."
+PASSWORD_NOT_USED = "Non-superuser cannot connect if the server does not request a password."
+PASSWORD_NOT_USED_HINT = "Target server's authentication method must be changed."
+
+
+class RemoteConnection:
+    """One remote connection; ``conn`` is what ``Scheduler.cancel`` cancels (``cancel_safe``)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection):
+        self.conn = conn
+
+    @property
+    def pgconn(self) -> pq.abc.PGconn:
+        return self.conn.pgconn
+
+    @property
+    def pid(self) -> int:
+        return self.conn.info.backend_pid
+
+    @property
+    def encoding(self) -> str:
+        return self.conn.info.encoding
+
+    async def close(self) -> None:
+        try:
+            await self.conn.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+
+def escape_option(value: str) -> str:
+    """A value inside libpq's ``options``: backslash and whitespace get a backslash before them."""
+    return re.sub(r"([\\\s])", r"\\\1", value)
+
+
+def connect_params(user: dict, schema: str, table: str, oid: int, group: str, encoding: str) -> dict:
+    """The connection parameters, in the C extension's order: its own first, then the user's.
+
+    ``application_name`` is pg_task's (overriding the user's; no fallback_application_name);
+    ``options`` is the user's plus ``-c pg_task.schema/table/oid/group``; ``client_encoding`` is the
+    local database's; ``connect_timeout`` is bounded when neither the string nor the environment
+    gives one.
+    """
+    options = " ".join(f"-c {name}={escape_option(value)}" for name, value in (
+        ("pg_task.schema", schema), ("pg_task.table", table), ("pg_task.oid", str(oid)),
+        ("pg_task.group", group)))
+    if user.get("options"):
+        options = f"{user['options']} {options}"
+    params = {"application_name": f"pg_task {schema} {table} {group}", "options": options,
+              "client_encoding": encoding}
+    for key, value in user.items():
+        if key not in params and key != "fallback_application_name":
+            params[key] = value
+    if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
+        params["connect_timeout"] = str(DEFAULT_CONNECT_TIMEOUT)
+    return params
+
+
+def preamble(task: Task) -> str:
+    """``SET SESSION "pg_task.id"`` and the statement timeout (RESET when none), one simple query."""
+    text = sql.SQL('SET SESSION "pg_task.id" = {};').format(sql.Literal(str(task.id))).as_string(None)
+    if task.timeout_ms > 0:
+        return f'{text} SET SESSION "statement_timeout" = {int(task.timeout_ms)};'
+    return f'{text} RESET "statement_timeout";'
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
+async def _local_facts(sched: Scheduler, user: str) -> tuple[bool, str]:
+    """(is task.user a superuser, the local database's encoding)."""
+    async with sched.writers.connection() as conn:
+        cur = await conn.execute(LOCAL_FACTS, (user,))
+        superuser, encoding = await cur.fetchone()
+    return bool(superuser), encoding
+
+
+async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None, str | None]:
+    """Open the remote connection of ``task``: (connection, None) or (None, the task's error)."""
+    try:
+        user_params = conninfo_to_dict(task.remote)
+    except psycopg.Error as exc:
+        return None, simple_error("PQconninfoParse failed", _message(exc))
+    superuser, encoding = await _local_facts(sched, task.user)
+    if not superuser and not user_params.get("password"):
+        # Otherwise the service's own credentials (PGPASSWORD, .pgpass) would be used for the author.
+        return None, simple_error(PASSWORD_REQUIRED, NO_PASSWORD_KEYWORD)
+    params = connect_params(user_params, sched.entry.schema, sched.entry.table, sched.oid, task.group,
+                            encoding)
+    try:
+        conn = await psycopg.AsyncConnection.connect(make_conninfo("", **params), autocommit=True,
+                                                     prepare_threshold=None)
+    except psycopg.Error as exc:
+        # libpq's text; psycopg puts "connection failed: " before it
+        return None, simple_error("PQconnectPoll failed", _message(exc).removeprefix("connection failed: "))
+    if not superuser and not conn.pgconn.used_password:
+        await conn.close()
+        return None, "\n".join([simple_error(PASSWORD_REQUIRED, PASSWORD_NOT_USED),
+                                f"HINT:  {PASSWORD_NOT_USED_HINT}"])
+    return RemoteConnection(conn), None
+
+
+async def run(remote: RemoteConnection, task: Task, output_limit: int) -> tuple[str | None, str | None]:
+    """Preamble, input, COMMIT of an open transaction: (output, error).
+
+    Raises psycopg.OperationalError if the connection is lost.
+    """
+    enc = remote.encoding
+    pgconn = remote.pgconn
+    out = Output(task.format(), output_limit, enc)
+    error: str | None = None
+    err = await wire.simple(pgconn, preamble(task), enc)
+    if err is not None:
+        error = format_error(err, task.input, enc)
+    else:
+        err = await wire.run(pgconn, task.input, out, local=False, encoding=enc)
+        if err is not None:
+            error = format_error(err, task.input, enc)
+        if pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            # An open (or failed) transaction block left by input: COMMIT (or ROLLBACK); no tag.
+            end = await wire.simple(pgconn, "COMMIT", enc)
+            if end is not None and error is None:
+                error = format_error(end, task.input, enc)
+    output = out.value()
+    if error is not None and output is None:
+        output = ""
+    return output, error
+
+
+async def execute(sched: Scheduler, task: Task) -> None:
+    """Run a claimed remote task and, within count/live, more of its group on the same connection."""
+    remote: RemoteConnection | None = None
+    done = 0
+    born = task.now
+    spawner_max = task.max
+    try:
+        while task is not None:
+            if remote is None:
+                remote, error = await connect(sched, task)
+                if remote is None:
+                    log.info("task %s: remote connection refused or failed: %s", task.id,
+                             error.splitlines()[-1] if error else "")
+                    await sched.finish(task, "", error)
+                    return
+            sched.inflight[task.id] = (task, remote)
+            if not await sched.mark_work(task, remote.pid):
+                return
+            try:
+                output, error = await run(remote, task, sched.options.output_limit)
+            except psycopg.OperationalError as exc:
+                log.warning("task %s: remote connection lost (%s)", task.id, _message(exc).splitlines()[-1])
+                await remote.close()
+                remote = None
+                await sched.finish(task, "", simple_error("PQconsumeInput failed", _message(exc),
+                                                          statement=task.input))
+                return
+            done += 1
+            if task.id in sched.drain_cancelled:
+                # cancelled by SIGTERM's grace deadline, not by the task: it runs again later
+                await sched.requeue(task)
+                return
+            finished = task
+            if task.max >= 0 and (task.count > 0 or task.live_s > 0):
+                # Finish and take the group's next task under the control lock, so a claim pass
+                # cannot hand that task to another connection in between (the manual's task_live).
+                async with sched.control_lock:
+                    await sched.finish(finished, output, error)
+                    task = await sched.next_of_group(finished, spawner_max, done, born)
+            else:
+                await sched.finish(finished, output, error)
+                task = None
+            if task is not None and not finished.save and remote is not None:
+                err = await _discard(remote)
+                if err is not None:
+                    log.warning("task %s: DISCARD ALL failed (%s); reconnecting", finished.id, err)
+                    await remote.close()
+                    remote = None
+    finally:
+        if remote is not None:
+            await remote.close()
+
+
+async def _discard(remote: RemoteConnection) -> str | None:
+    try:
+        err = await wire.simple(remote.pgconn, "DISCARD ALL", remote.encoding)
+    except psycopg.OperationalError as exc:
+        return _message(exc)
+    return format_error(err, None, remote.encoding) if err is not None else None

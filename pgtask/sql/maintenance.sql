@@ -1,0 +1,107 @@
+-- Named queries of the maintenance services (pgtask/maintenance.py). Identifiers: {table} the task
+-- table, {schedule} {occurrence} {keys} its companion tables, {enqueue} the enqueue function.
+-- Every time is the database's: %(now)s is NULL in service, a fixed instant in tests.
+
+-- schedule_due --
+-- Schedules to look at: new or changed ones (next_run NULL, paused or not: they get a preview)
+-- and unpaused ones whose next run has come. The lock is taken per schedule, below.
+SELECT "id" FROM {schedule}
+WHERE ("next_run" IS NULL AND "error" IS NULL)
+   OR (NOT "paused" AND "next_run" <= coalesce(%(now)s, statement_timestamp()))
+ORDER BY "next_run" NULLS FIRST, "id"
+LIMIT %(limit)s
+
+-- schedule_lock --
+-- One schedule, locked for this transaction; a schedule another materialiser holds is skipped,
+-- and a row it already advanced no longer matches (READ COMMITTED re-checks the WHERE).
+SELECT s.*, coalesce(%(now)s, statement_timestamp()) AS "now",
+       (SELECT t."state"::text FROM {table} t WHERE t."id" = s."last_task") AS last_state
+FROM {schedule} s
+WHERE s."id" = %(id)s
+  AND ((s."next_run" IS NULL AND s."error" IS NULL) OR (NOT s."paused" AND s."next_run" <= coalesce(%(now)s, statement_timestamp())))
+FOR UPDATE SKIP LOCKED
+
+-- schedule_occurrence --
+-- The occurrence key: nothing is returned when this occurrence was already materialised.
+INSERT INTO {occurrence} ("schedule", "scheduled_for") VALUES (%(id)s, %(at)s)
+ON CONFLICT DO NOTHING RETURNING "scheduled_for"
+
+-- schedule_enqueue --
+-- The task of one occurrence: the schedule's columns, its input, plan = the occurrence, and the
+-- schedule's role as the task's "user" (returned so the caller can check it was accepted).
+SELECT "id" FROM {enqueue}(%(input)s, NULL,
+        %(columns)s::jsonb || jsonb_build_object('plan', %(at)s::timestamptz, 'user', %(user)s::text))
+
+-- schedule_task_user --
+SELECT "user" FROM {table} WHERE "id" = %(task)s
+
+-- schedule_occurrence_task --
+UPDATE {occurrence} SET "task" = %(task)s WHERE "schedule" = %(id)s AND "scheduled_for" = %(at)s
+
+-- schedule_advance --
+-- Advance the cursor; in the same transaction as the inserts above.
+UPDATE {schedule} SET "cursor" = %(cursor)s, "next_run" = %(next_run)s, "preview" = %(preview)s,
+    "last_task" = %(last_task)s, "error" = %(error)s
+WHERE "id" = %(id)s
+
+-- schedule_error --
+-- A schedule that cannot be evaluated: it waits (next_run NULL, error set) until its row is changed.
+UPDATE {schedule} SET "error" = %(error)s, "next_run" = NULL, "preview" = NULL
+WHERE "id" = %(id)s
+
+-- schedule_note --
+-- A schedule whose materialisation failed this pass keeps its cursor; only the reason is noted.
+UPDATE {schedule} SET "error" = %(error)s WHERE "id" = %(id)s AND "error" IS DISTINCT FROM %(error)s
+
+-- schedule_next_due --
+-- Seconds until the next unpaused schedule is due (NULL: none), so the loop can sleep exactly.
+SELECT extract(epoch FROM min("next_run") - statement_timestamp())::float8 AS seconds
+FROM {schedule} WHERE NOT "paused"
+
+-- retention_delete --
+-- One bounded batch of finished rows older than the retention, children before parents:
+--   candidates: finished and old, with no child that is not itself finished and old (a row whose
+--     child is still queued, running or recent waits; so does a repeat's latest finished row);
+--   blocked: candidates with a child outside this batch (not locked, or beyond the limit), and
+--     their candidate ancestors; they wait for a later batch.
+-- A row is thus deleted in the same statement as, or after, every child it had.
+WITH RECURSIVE cutoff AS (
+    SELECT coalesce(%(now)s, statement_timestamp()) - %(retention)s::interval AS at
+), candidate AS (
+    SELECT t."id", t."parent" FROM {table} t, cutoff
+    WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND coalesce(t."stop", t."plan") < cutoff.at
+      AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
+                      AND NOT (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                               AND coalesce(c."stop", c."plan") < cutoff.at))
+    ORDER BY t."id" DESC
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), blocked AS (
+    SELECT p."id", p."parent" FROM candidate p
+    WHERE EXISTS (SELECT FROM {table} c WHERE c."parent" = p."id"
+                  AND c."id" NOT IN (SELECT "id" FROM candidate))
+    UNION
+    SELECT p."id", p."parent" FROM blocked b JOIN candidate p ON p."id" = b."parent"
+)
+DELETE FROM {table} t USING candidate d
+WHERE t."id" = d."id" AND d."id" NOT IN (SELECT "id" FROM blocked)
+
+-- keys_expire --
+-- One bounded batch of expired idempotency reservations whose task is no longer queued or running
+-- (its history may be long gone: that does not matter).
+DELETE FROM {keys} k WHERE k."key" IN (
+    SELECT r."key" FROM {keys} r
+    WHERE r."expires" <= coalesce(%(now)s, statement_timestamp())
+      AND NOT EXISTS (SELECT FROM {table} t WHERE t."id" = r."task" AND t."state" IN ('PLAN', 'TAKE', 'WORK'))
+    ORDER BY r."expires"
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED)
+
+-- occurrences_expire --
+-- Occurrence keys only guard the cursor: those a day behind it, or of deleted schedules, go.
+DELETE FROM {occurrence} o WHERE ("schedule", "scheduled_for") IN (
+    SELECT x."schedule", x."scheduled_for" FROM {occurrence} x
+    LEFT JOIN {schedule} s ON s."id" = x."schedule"
+    WHERE s."id" IS NULL OR x."scheduled_for" < s."cursor" - '1 day'::interval
+    LIMIT %(limit)s
+    FOR UPDATE OF x SKIP LOCKED)

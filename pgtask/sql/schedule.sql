@@ -1,0 +1,262 @@
+-- Schedules, idempotency keys and group capacity: the objects beside a task table, named after it.
+-- Placeholders (identifiers, filled in by provision.py with psycopg.sql):
+--   {table} the task table, {schedule} {occurrence} {keys} {groups} the tables below,
+--   {fn} the function being created, {trigger} {index} names, {regclass} the task table as a
+--   literal for ::regclass, {channel} the table's NOTIFY channel (literal).
+-- Every object is created only when pg_catalog lacks it; functions are replaced when their body
+-- changed. Nothing here changes what a plain INSERT INTO task does, except for groups that have a
+-- row in {groups} (capacity).
+
+-- create_schedule --
+-- One row per schedule. The service (pgtask.maintenance.Materialiser) owns cursor, next_run,
+-- preview, last_task and error; a user writes the rest.
+CREATE TABLE {schedule} (
+    "id" bigserial PRIMARY KEY,
+    "name" text NOT NULL UNIQUE,
+    "cron" text NOT NULL,
+    "timezone" text NOT NULL DEFAULT 'UTC',
+    "input" text NOT NULL,
+    "columns" jsonb NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof("columns") = 'object'),
+    "misfire" text NOT NULL DEFAULT 'latest' CHECK ("misfire" IN ('skip', 'latest', 'catchup')),
+    "catchup" integer NOT NULL DEFAULT 10 CHECK ("catchup" BETWEEN 1 AND 1000),
+    "grace" interval NOT NULL DEFAULT '1 min' CHECK ("grace" >= '0 sec'),
+    "overlap" text NOT NULL DEFAULT 'allow' CHECK ("overlap" IN ('allow', 'skip')),
+    "paused" boolean NOT NULL DEFAULT false,
+    "user" name NOT NULL DEFAULT CURRENT_USER,
+    "cursor" timestamptz,
+    "next_run" timestamptz,
+    "preview" timestamptz[],
+    "last_task" bigint,
+    "error" text,
+    "created" timestamptz NOT NULL DEFAULT statement_timestamp(),
+    "updated" timestamptz NOT NULL DEFAULT statement_timestamp()
+)
+
+-- comment_schedule --
+COMMENT ON TABLE {schedule} IS 'Cron schedules: each due occurrence becomes one task row (pgtask)'
+
+-- index_schedule_due --
+CREATE INDEX {index} ON {schedule} USING btree ("next_run") WHERE NOT "paused"
+
+-- create_occurrence --
+-- The occurrence key: at most one task per (schedule, scheduled_for), whoever materialises it.
+CREATE TABLE {occurrence} (
+    "schedule" bigint NOT NULL,
+    "scheduled_for" timestamptz NOT NULL,
+    "task" bigint,
+    "created" timestamptz NOT NULL DEFAULT statement_timestamp(),
+    PRIMARY KEY ("schedule", "scheduled_for")
+)
+
+-- comment_occurrence --
+COMMENT ON TABLE {occurrence} IS 'Materialised schedule occurrences (unique occurrence key) (pgtask)'
+
+-- create_keys --
+-- Idempotency reservations. Independent of the task rows: deleting task history does not release
+-- a key; a key is released when it expired and its task is no longer queued or running.
+CREATE TABLE {keys} (
+    "key" text PRIMARY KEY,
+    "task" bigint NOT NULL,
+    "created" timestamptz NOT NULL DEFAULT statement_timestamp(),
+    "expires" timestamptz NOT NULL
+)
+
+-- comment_keys --
+COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
+
+-- index_keys_expires --
+CREATE INDEX {index} ON {keys} USING btree ("expires")
+
+-- create_groups --
+-- Capacity per group: at most "capacity" rows in PLAN, TAKE or WORK. A group without a row here
+-- is unlimited and its inserts take no lock.
+CREATE TABLE {groups} (
+    "group" text PRIMARY KEY,
+    "capacity" integer NOT NULL CHECK ("capacity" >= 0)
+)
+
+-- comment_groups --
+COMMENT ON TABLE {groups} IS 'Admission control: capacity of a group (PLAN + TAKE + WORK rows) (pgtask)'
+
+-- index_live_group --
+-- Counting a group's queued + running rows for admission control.
+CREATE INDEX {index} ON {table} USING btree ("group") WHERE "state" IN ('PLAN', 'TAKE', 'WORK')
+
+-- capacity --
+-- BEFORE INSERT on the task table: admission control. Only groups with a row in {groups} are
+-- checked; they serialize on that row (FOR UPDATE), so concurrent inserts count each other.
+-- Under REPEATABLE READ / SERIALIZABLE the row is also touched, so a concurrent admission makes
+-- this transaction fail with a serialization error (40001) instead of over-admitting.
+-- A repeat of a finished task (finish_repeat) is not refused: it replaces its parent in the count.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    cap integer;
+    live bigint;
+BEGIN
+    IF coalesce(NEW."state", 'PLAN') NOT IN ('PLAN', 'TAKE', 'WORK') THEN
+        RETURN NEW;
+    END IF;
+    -- a plain read first: a group without a limit takes no row lock (only the AccessShareLock
+    -- any read takes, which conflicts with nothing but DDL)
+    PERFORM FROM {groups} g WHERE g."group" = NEW."group";
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    SELECT g."capacity" INTO cap FROM {groups} g WHERE g."group" = NEW."group" FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    IF NEW."parent" IS NOT NULL AND NEW."repeat" > '0 sec' AND EXISTS (
+            SELECT FROM {table} p WHERE p."id" = NEW."parent" AND p."group" = NEW."group"
+               AND p."state" IN ('DONE', 'FAIL') AND p."repeat" > '0 sec') THEN
+        RETURN NEW;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        UPDATE {groups} g SET "capacity" = g."capacity" WHERE g."group" = NEW."group";
+    END IF;
+    -- counting stops at the capacity: the cost is bounded by the limit, not by the backlog
+    SELECT count(*) INTO live FROM (SELECT FROM {table} t
+        WHERE t."group" = NEW."group" AND t."state" IN ('PLAN', 'TAKE', 'WORK') LIMIT cap) x;
+    IF live >= cap THEN
+        RAISE EXCEPTION 'group "%" is full: capacity %', NEW."group", cap
+            USING ERRCODE = 'PT001',
+                  DETAIL = format('%s task(s) of group %L are queued or running (PLAN, TAKE, WORK).',
+                                  live, NEW."group"),
+                  HINT = 'Retry later, or raise the capacity of the group.';
+    END IF;
+    RETURN NEW;
+END
+$body$
+
+-- capacity_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- enqueue --
+-- enqueue(input, key, columns, ttl) -> (id, created): insert a task, optionally under an
+-- idempotency key. While the key's reservation is alive the call creates nothing and returns the
+-- reserved task's id with created = false. Runs as the caller (the task's "user" is the caller's).
+-- columns: other task columns as a jsonb object, e.g. group, plan, timeout.
+-- ttl: how long the reservation lives (default: setting pg_task.key_retention, else 7 days); it
+-- never expires while its task is queued or running.
+CREATE OR REPLACE FUNCTION {fn}(input text, key text DEFAULT NULL, columns jsonb DEFAULT '{{}}',
+                                ttl interval DEFAULT NULL)
+RETURNS TABLE (id bigint, created boolean) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+#variable_conflict use_column
+DECLARE
+    c jsonb := coalesce($3, '{{}}') || jsonb_build_object('input', $1);
+    new_id bigint;
+    held bigint;
+    bad text;
+    names text;
+BEGIN
+    IF jsonb_typeof(c) <> 'object' THEN
+        RAISE EXCEPTION 'columns must be a json object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT string_agg(k, ', ') INTO bad FROM jsonb_object_keys(c) k
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error')
+       OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
+                      AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped);
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot set task column(s) %', bad USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'columns takes the columns a user may set on insert, e.g. group, plan, timeout.';
+    END IF;
+    IF $2 IS NOT NULL THEN
+        new_id := nextval(pg_get_serial_sequence({regclass}, 'id'));
+        INSERT INTO {keys} AS r ("key", "task", "expires")
+        VALUES ($2, new_id, statement_timestamp() + coalesce($4,
+                nullif(current_setting('pg_task.key_retention', true), '')::interval, '7 days'))
+        ON CONFLICT ("key") DO UPDATE
+            SET "task" = excluded."task", "created" = excluded."created", "expires" = excluded."expires"
+            WHERE r."expires" <= statement_timestamp() AND NOT EXISTS (
+                SELECT FROM {table} t WHERE t."id" = r."task" AND t."state" IN ('PLAN', 'TAKE', 'WORK'))
+        RETURNING r."task" INTO held;
+        IF held IS NULL THEN
+            SELECT r."task" INTO held FROM {keys} r WHERE r."key" = $2;
+            RETURN QUERY SELECT held, false;
+            RETURN;
+        END IF;
+        c := c || jsonb_build_object('id', new_id);
+    END IF;
+    SELECT string_agg(quote_ident(k), ', ') INTO names FROM jsonb_object_keys(c) k;
+    EXECUTE format('INSERT INTO %1$s (%2$s) SELECT %2$s FROM jsonb_populate_record(NULL::%1$s, $1) RETURNING "id"',
+                   {regclass}::regclass, names)
+        INTO new_id USING c;
+    RETURN QUERY SELECT new_id, true;
+END
+$body$
+
+-- schedule_next --
+-- schedule_next(name, n) -> the next n run times of a schedule (at most 20), as computed by the
+-- service with the cron library it uses to materialise them (so they agree). Empty until the
+-- service has seen the schedule (a new or changed row is picked up within a second); a schedule
+-- whose expression or time zone is invalid has none and says why in its "error" column.
+CREATE OR REPLACE FUNCTION {fn}(name text, n integer DEFAULT 5)
+RETURNS TABLE (run_at timestamptz, local_time timestamp, timezone text) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $body$
+    SELECT p.at, p.at AT TIME ZONE s."timezone", s."timezone"
+    FROM {schedule} s, unnest(s."preview") WITH ORDINALITY AS p(at, i)
+    WHERE s."name" = $1 AND p.i <= $2
+    ORDER BY p.i
+$body$
+
+-- schedule_guard --
+-- BEFORE INSERT OR UPDATE on the schedule table: "user" is the inserting role unless that role is
+-- a member of the role it names; only members of a schedule's role may change what it runs; a new schedule, a changed expression or time zone, or a resume
+-- makes the service recompute the cursor from now (no runs for the past).
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NOT pg_has_role(current_user, OLD."user", 'MEMBER') AND
+       (NEW."name", NEW."cron", NEW."timezone", NEW."input", NEW."columns", NEW."misfire", NEW."catchup",
+        NEW."grace", NEW."overlap", NEW."paused", NEW."user")
+       IS DISTINCT FROM
+       (OLD."name", OLD."cron", OLD."timezone", OLD."input", OLD."columns", OLD."misfire", OLD."catchup",
+        OLD."grace", OLD."overlap", OLD."paused", OLD."user") THEN
+        RAISE EXCEPTION 'permission denied to change schedule "%" of role %', OLD."name", OLD."user"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only members of the role a schedule runs as may change it.';
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW."user" IS DISTINCT FROM OLD."user" THEN
+        IF NEW."user" IS NULL OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
+           OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
+            NEW."user" := current_user;
+        END IF;
+    END IF;
+    IF TG_OP = 'INSERT' OR (NEW."cron", NEW."timezone") IS DISTINCT FROM (OLD."cron", OLD."timezone")
+       OR (OLD."paused" AND NOT NEW."paused") THEN
+        BEGIN
+            PERFORM statement_timestamp() AT TIME ZONE NEW."timezone";
+        EXCEPTION WHEN others THEN
+            RAISE EXCEPTION 'invalid time zone "%" for schedule "%"', NEW."timezone", NEW."name"
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Use an IANA time zone name, e.g. Europe/Berlin or UTC.';
+        END;
+        NEW."cursor" := NULL;
+        NEW."next_run" := NULL;
+        NEW."preview" := NULL;
+        NEW."error" := NULL;
+    END IF;
+    NEW."updated" := statement_timestamp();
+    RETURN NEW;
+END
+$body$
+
+-- schedule_guard_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT OR UPDATE ON {schedule} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- schedule_wake --
+-- A new, changed or resumed schedule wakes the service's materialiser (a hint; it also polls).
+-- The service's own updates always set next_run, so they wake nobody.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    PERFORM pg_notify({channel}, 'schedule');
+    RETURN NULL;
+END
+$body$
+
+-- schedule_wake_trigger --
+CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE ON {schedule} FOR EACH ROW
+WHEN (NEW."next_run" IS NULL AND NEW."error" IS NULL) EXECUTE FUNCTION {fn}()

@@ -1,0 +1,225 @@
+"""The failure model, fault by fault. Every task's input records its id in `runs`, so each test
+counts, per task, how often it ran: nothing may be lost, and a task may run twice only if its
+executor may have died mid-run (it was in flight when the fault hit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import Service, _free_port, wait_for
+from pgtask.cluster import Cluster
+
+BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
+
+
+def load(db, n, groups, max_=2, sleep=0.01):
+    db.execute("CREATE TABLE IF NOT EXISTS runs (id bigint)")
+    db.execute(f"""INSERT INTO task (input, "group", max)
+                   SELECT %s, 'g' || (i %% {groups}), {max_} FROM generate_series(1, {n}) i""",
+               (BODY.format(sleep=sleep),))
+    return [r[0] for r in db.execute("SELECT id FROM task ORDER BY id")]
+
+
+def in_flight(db):
+    return {r[0] for r in db.execute("SELECT id FROM task WHERE state IN ('TAKE', 'WORK')")}
+
+
+def check_counts(db, ids, allowed_twice):
+    counts = dict(db.execute("SELECT id, count(*) FROM runs GROUP BY id"))
+    lost = [i for i in ids if i not in counts]
+    repeated = {i for i, c in counts.items() if c > 1}
+    assert not lost, f"{len(lost)} tasks never ran"
+    assert repeated <= allowed_twice, f"ran twice without a fault in flight: {sorted(repeated - allowed_twice)}"
+    assert max(counts.values()) <= 2
+    assert db.value("SELECT count(*) FROM task WHERE state <> 'DONE'") == 0
+    return repeated
+
+
+def test_sigkill_mid_load_then_restart(db, service_factory):
+    ids = load(db, 3000, groups=30)
+    svc = service_factory(db.name)
+    wait_for(lambda: db.value("SELECT count(*) FROM runs") > 600, 60, message="the load to get going")
+    svc.kill()
+    flying = in_flight(db)  # rows the dead service had claimed: the only ones allowed to run twice
+    assert flying
+    service_factory(db.name)
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == len(ids), 120,
+             message="every task to be DONE after the restart")
+    repeated = check_counts(db, ids, flying)
+    print(f"in flight at the kill: {len(flying)}, ran twice: {len(repeated)}")
+
+
+def test_postgres_immediate_restart_mid_load(db, cluster, service_factory):
+    # durability as a real installation has it (the test cluster defaults to synchronous_commit off)
+    db.execute(f'ALTER DATABASE "{db.name}" SET synchronous_commit = on')
+    ids = load(db, 1500, groups=15)
+    svc = service_factory(db.name)
+    wait_for(lambda: db.value("SELECT count(*) FROM runs") > 300, 60, message="the load to get going")
+    flying_before = in_flight(db)
+    db.close()
+    cluster.restart("immediate")
+    db.conn = psycopg.connect(db.dsn, autocommit=True)
+    # whatever was in flight around the crash may run again; everything else exactly once
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == len(ids), 120,
+             message="the load to complete after the restart")
+    counts = dict(db.execute("SELECT id, count(*) FROM runs GROUP BY id"))
+    assert all(i in counts for i in ids), "a task was lost"
+    assert max(counts.values()) <= 2
+    assert svc.proc.poll() is None, "the service must survive a server restart"
+    assert "reconnect" in svc.output() or "retrying" in svc.output()
+    print(f"in flight before the crash: {len(flying_before)}, "
+          f"ran twice: {sum(1 for c in counts.values() if c > 1)}")
+
+
+def test_lost_notifications_do_not_lose_tasks(db, service_factory):
+    service_factory(db.name, "[pg_task]\nsleep = 300\n")
+    db.execute("ALTER TABLE task DISABLE TRIGGER task_wake_up")  # no NOTIFY at all
+    task_id = db.insert("SELECT 1")
+    assert db.wait_state(task_id, timeout=10)["state"] == "DONE"
+
+
+def test_listener_killed(db, service_factory):
+    svc = service_factory(db.name)
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtask listen%%' "
+                              "AND datname = current_database()"), message="the listener")
+    db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'pgtask listen%%' "
+               "AND datname = current_database()")
+    assert db.wait_state(db.insert("SELECT 1"), timeout=10)["state"] == "DONE"
+    wait_for(lambda: "listener lost" in svc.output(), message="the listener loss to be logged")
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtask listen%%' "
+                              "AND datname = current_database()"), message="the listener to reconnect")
+
+
+def test_cut_off_service_has_its_query_cancelled_and_rerun(db, service_factory):
+    db.execute("CREATE TABLE runs (id bigint)")
+    svc = service_factory(db.name)
+    task_id = db.insert(BODY.format(sleep=60))
+    db.wait_state(task_id, states=("WORK",))
+    svc.kill()
+    # the server notices the vanished client (client_connection_check_interval) and stops the query
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
+                              "AND state = 'active' AND pid <> pg_backend_pid()") == 0, 15,
+             message="the orphaned query to be cancelled")
+    assert db.value("SELECT count(*) FROM runs") == 0  # its transaction never committed
+    service_factory(db.name)
+    wait_for(lambda: (r := db.task(task_id))["attempt"] == 2 and r["state"] == "WORK", 15,
+             message="the task to run again")
+
+
+def test_executor_backend_terminated_reruns(db, service):
+    db.execute("CREATE TABLE runs (id bigint)")
+    task_id = db.insert(BODY.format(sleep=2))
+    row = db.wait_state(task_id, states=("WORK",))
+    db.execute("SELECT pg_terminate_backend(%s)", (row["pid"],))
+    row = wait_for(lambda: (r := db.task(task_id)) and r["attempt"] == 2 and r["state"] == "DONE" and r, 20,
+                   message="the task to run again and finish")
+    assert db.value("SELECT count(*) FROM runs") == 1  # the first run's transaction was rolled back
+
+
+def test_stale_executor_writes_nothing(db, service_factory):
+    """A row reset and re-claimed under a running executor: the old run's result is dropped."""
+    service = service_factory(db.name, "[pgtask]\nreset_check = 600\n")
+    task_id = db.insert("SELECT pg_sleep(1.5); SELECT 'first'")
+    db.wait_state(task_id, states=("WORK",))
+    # simulate another instance taking over: reset the row, claim it with a new attempt and lease
+    db.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", (task_id,))
+    db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() WHERE id = %s",
+               (task_id,))
+    wait_for(lambda: "lease lost" in service.output(), 15, message="the stale result to be dropped")
+    row = db.task(task_id)
+    assert row["state"] == "TAKE" and row["output"] is None and row["attempt"] == 2
+
+
+def test_unknown_role_fails_clearly(db, service):
+    db.execute("CREATE ROLE ghost LOGIN")
+    task_id = db.insert("SELECT 1", user="ghost", plan="2100-01-01")
+    db.execute("DROP ROLE ghost")
+    db.execute("UPDATE task SET plan = now() WHERE id = %s", (task_id,))
+    row = db.wait_state(task_id)
+    assert row["state"] == "FAIL" and 'role "ghost" does not exist' in row["error"]
+    assert db.wait_state(db.insert("SELECT 2"))["state"] == "DONE"  # the service keeps going
+
+
+def test_huge_output_is_capped_in_bounded_memory(db, service_factory):
+    svc = service_factory(db.name, "[pgtask]\noutput_limit = 1000000\nreset_check = 0.5\n")
+    task_id = db.insert("SELECT repeat('x', 1000) FROM generate_series(1, 100000)")  # 100 MB of output
+    row = db.wait_state(task_id, timeout=120)
+    assert row["state"] == "DONE"
+    assert len(row["output"]) < 1_100_000 and row["output"].endswith("[output truncated at 1000000 bytes by pgtask]")
+    peak_kb = int(next(line.split()[1] for line in Path(f"/proc/{svc.proc.pid}/status").read_text().splitlines()
+                       if line.startswith("VmHWM")))
+    assert peak_kb < 150_000, f"peak RSS {peak_kb} kB"
+
+
+HOSTILE = {"data": "db ';x ü", "user": "rôle \"q\" ;", "schema": "s; x", "table": "t 'q' ü"}
+
+
+def test_hostile_names_everywhere(cluster, service_factory, db):
+    toml = "[pg_task]\njson = [{data = %s, user = %s, schema = %s, table = %s}]\n" % tuple(
+        '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in HOSTILE.values())
+    service_factory(db.name, toml)
+    table = psycopg.sql.Identifier(HOSTILE["schema"], HOSTILE["table"])
+    with psycopg.connect(cluster.conninfo(HOSTILE["data"], HOSTILE["user"]), autocommit=True) as conn:
+        task_id = conn.execute(psycopg.sql.SQL('INSERT INTO {} (input, "group") VALUES (%s, %s) RETURNING id')
+                               .format(table), ("SELECT current_user, current_setting('pg_task.group')",
+                                                "g'; DROP TABLE x; -- ü")).fetchone()[0]
+        row = wait_for(lambda: conn.execute(psycopg.sql.SQL("SELECT state, output FROM {} WHERE id = %s")
+                                            .format(table), (task_id,)).fetchone()[0] == "DONE" and
+                       conn.execute(psycopg.sql.SQL("SELECT output FROM {} WHERE id = %s").format(table),
+                                    (task_id,)).fetchone(), message="the task in hostile names")
+    assert row[0].split("\n")[-1] == f"{HOSTILE['user']}\tg'; DROP TABLE x; -- ü"
+
+
+def test_failover_to_promoted_standby(tmp_path, cluster):
+    """A multi-host connection string with target_session_attrs=read-write follows a promotion."""
+    primary = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-primary-")), cluster.bindir, port=_free_port())
+    primary.init({"wal_level": "replica", "max_wal_senders": "4", "synchronous_standby_names": "'*'",
+                  "synchronous_commit": "on"})
+    primary.start()
+    standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=_free_port())
+    standby.base.mkdir(exist_ok=True)
+    standby.socket_dir.mkdir(exist_ok=True)
+    from pgtask.cluster import _grant_path
+    _grant_path(standby.base)
+    _grant_path(standby.socket_dir)
+    try:
+        standby._run("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(primary.socket_dir),
+                     "-p", str(primary.port), "-U", "postgres")
+        with open(standby.data / "postgresql.auto.conf", "a") as f:
+            # once promoted it has no synchronous standby of its own to wait for
+            f.write(f"port = {standby.port}\nunix_socket_directories = '{standby.socket_dir}'\n"
+                    "synchronous_standby_names = ''\n")
+        standby.start()
+        with psycopg.connect(primary.conninfo(), autocommit=True) as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+                     .fetchone()[0], message="streaming replication")
+            conn.execute("CREATE TABLE runs (id bigint)")
+        dsn = (f"host={primary.socket_dir},{standby.socket_dir} port={primary.port},{standby.port} "
+               f"user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=2")
+        svc = Service(cluster, "postgres", f'dsn = "{dsn}"\n', tmp=tmp_path)
+        svc.start()
+        with psycopg.connect(primary.conninfo(), autocommit=True) as conn:
+            conn.execute("INSERT INTO task (input) SELECT %s FROM generate_series(1, 300)",
+                         (BODY.format(sleep=0.01),))
+            wait_for(lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 50, message="progress")
+        primary.stop("immediate")
+        standby._run("pg_ctl", "-D", str(standby.data), "promote", "-w")
+        with psycopg.connect(standby.conninfo(), autocommit=True) as conn:
+            conn.execute("INSERT INTO task (input) SELECT %s FROM generate_series(1, 50)",
+                         (BODY.format(sleep=0.01),))
+            wait_for(lambda: conn.execute("SELECT count(*) FROM task WHERE state <> 'DONE'").fetchone()[0] == 0,
+                     90, message="every task done on the new primary")
+            counts = dict(conn.execute("SELECT id, count(*) FROM runs GROUP BY id").fetchall())
+            ids = [r[0] for r in conn.execute("SELECT id FROM task").fetchall()]
+        assert len(ids) == 350 and all(i in counts for i in ids), "a committed task was lost"
+        assert svc.proc.poll() is None
+        svc.stop()
+    finally:
+        primary.destroy()
+        standby.destroy()

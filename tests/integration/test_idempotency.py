@@ -1,0 +1,139 @@
+"""Idempotent enqueue: task_enqueue(input, key, columns, ttl) -> (id, created), reservations in
+task_key that outlive the task's history and expire on their own."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from pgtask import provision
+
+
+def enqueue(db, input_text, key=None, columns=None, ttl=None):
+    return db.execute("SELECT id, created FROM task_enqueue(%s, %s, coalesce(%s::jsonb, '{}'), %s)",
+                      (input_text, key, psycopg.types.json.Jsonb(columns) if columns else None, ttl))[0]
+
+
+def test_provisioning_is_idempotent(db):
+    async def again():
+        report = provision.Report()
+        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+            await provision.provision_table(conn, "public", "task", report)
+            await conn.commit()
+        return report.actions
+
+    import asyncio
+    assert asyncio.run(again()) == []
+    names = {r[0] for r in db.execute("SELECT relname FROM pg_class WHERE relname LIKE 'task%'")}
+    assert {"task_schedule", "task_occurrence", "task_key", "task_group", "task_live_group_idx"} <= names
+
+
+def test_provision_other_schema_and_table(cluster, db):
+    import asyncio
+
+    async def go():
+        report = provision.Report()
+        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+            await provision.provision_table(conn, "jobs", "queue", report)
+            await conn.commit()
+        return report.actions
+
+    actions = asyncio.run(go())
+    assert "created table jobs.queue_schedule" in actions and "created trigger queue_capacity" in actions
+    row = db.execute("SELECT * FROM jobs.queue_enqueue('SELECT 1', 'k')")[0]
+    assert row[1] is True and db.value("SELECT count(*) FROM jobs.queue") == 1
+    assert asyncio.run(go()) == []
+
+
+def test_key_returns_original_id(db):
+    first = enqueue(db, "SELECT 1", "order-42")
+    assert first[1] is True
+    again = enqueue(db, "SELECT 2", "order-42")
+    assert again == (first[0], False)
+    assert db.value("SELECT count(*) FROM task") == 1
+    assert db.value("SELECT input FROM task WHERE id = %s", (first[0],)) == "SELECT 1"
+    # no key: always a new task; columns are applied
+    a = enqueue(db, "SELECT 3", None, {"group": "mail", "timeout": "5 min", "max": 2})
+    row = db.task(a[0])
+    assert a[1] is True and row["group"] == "mail" and str(row["timeout"]) == "0:05:00" and row["max"] == 2
+
+
+def test_bad_columns_are_refused(db):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="state"):
+        enqueue(db, "SELECT 1", None, {"state": "DONE"})
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="nosuch"):
+        enqueue(db, "SELECT 1", "k", {"nosuch": 1})
+    assert db.value("SELECT count(*) FROM task_key") == 0
+
+
+def test_plain_insert_on_conflict_does_not_deduplicate(db):
+    """Documented: the task table has no key column, so a plain INSERT ... ON CONFLICT DO NOTHING
+    inserts every time; the reservation table is what deduplicates."""
+    for _ in range(2):
+        db.execute("INSERT INTO task (input) VALUES ('SELECT 1') ON CONFLICT DO NOTHING")
+    assert db.value("SELECT count(*) FROM task") == 2
+
+
+def test_concurrent_same_key_creates_one(db):
+    barrier = threading.Barrier(10)
+    results, errors = [], []
+
+    def worker():
+        try:
+            with db.connect() as conn:
+                barrier.wait()
+                results.append(conn.execute("SELECT id, created FROM task_enqueue('SELECT 1', 'same')").fetchone())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sum(1 for _, created in results if created) == 1
+    assert len({i for i, _ in results}) == 1
+    assert db.value("SELECT count(*) FROM task") == 1
+
+
+def test_failed_insert_leaves_no_reservation(db):
+    """Failure before commit: reservation and task both remain absent."""
+    with db.connect() as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            with conn.transaction():
+                conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'k1')")
+                conn.execute("SELECT 1/0")
+    assert db.value("SELECT count(*) FROM task_key") == 0 and db.value("SELECT count(*) FROM task") == 0
+    assert enqueue(db, "SELECT 1", "k1")[1] is True
+
+
+def test_expired_reservation_is_reused_only_when_task_finished(db):
+    first = enqueue(db, "SELECT 1", "k", ttl="0 sec")
+    # expired, but the task is still queued: the key holds
+    assert enqueue(db, "SELECT 1", "k") == (first[0], False)
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (first[0],))
+    second = enqueue(db, "SELECT 1", "k")
+    assert second[1] is True and second[0] != first[0]
+    assert db.value("SELECT task FROM task_key WHERE key = 'k'") == second[0]
+
+
+def test_key_retention_setting(db):
+    db.execute("SET pg_task.key_retention = '2 days'")
+    enqueue(db, "SELECT 1", "a")
+    assert str(db.value("SELECT expires - created FROM task_key WHERE key = 'a'")) == "2 days, 0:00:00"
+    enqueue(db, "SELECT 1", "b", ttl="1 hour")
+    assert str(db.value("SELECT expires - created FROM task_key WHERE key = 'b'")) == "1:00:00"
+    db.execute("RESET pg_task.key_retention")
+    enqueue(db, "SELECT 1", "c")
+    assert str(db.value("SELECT expires - created FROM task_key WHERE key = 'c'")) == "7 days, 0:00:00"
+
+
+def test_task_user_is_the_caller(db):
+    db.execute("CREATE ROLE idem_alice LOGIN")
+    db.execute("GRANT ALL ON task, task_key TO idem_alice; GRANT USAGE ON SEQUENCE task_id_seq TO idem_alice")
+    with db.connect(user="idem_alice") as conn:
+        tid, created = conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'x', '{\"user\": \"postgres\"}')").fetchone()
+    assert created and db.task(tid)["user"] == "idem_alice"

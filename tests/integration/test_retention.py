@@ -1,0 +1,172 @@
+"""Retention of finished task rows and expiry of idempotency reservations: independent, bounded,
+children before parents, and deleting history never releases a live key."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from pgtask.maintenance import KeyExpiry, Maintenance, MaintenanceOptions, Retention
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def run(db, service, now=NOW):
+    async def go():
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
+            return await service.run_once(conn, now)
+    return asyncio.run(go())
+
+
+def finished(db, state="DONE", age_days=10, parent=None, n=1):
+    stop = NOW - timedelta(days=age_days)
+    ids = []
+    for _ in range(n):
+        tid = db.insert("SELECT 1", parent=parent) if parent else db.insert("SELECT 1")
+        if state in ("DONE", "FAIL"):
+            db.execute("UPDATE task SET state = 'TAKE' WHERE id = %s", (tid,))
+        if state != "PLAN":
+            db.execute("UPDATE task SET state = %s WHERE id = %s", (state, tid))
+        db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
+        db.execute("UPDATE task SET stop = %s WHERE id = %s", (stop if state != "PLAN" else None, tid))
+        db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
+        ids.append(tid)
+    return ids if n > 1 else ids[0]
+
+
+def test_deletes_old_finished_rows_in_batches(db):
+    old = finished(db, "DONE", 10, n=25)
+    fail = finished(db, "FAIL", 10)
+    stop = finished(db, "STOP", 10)
+    young = finished(db, "DONE", 1)
+    live = finished(db, "PLAN", 10)
+    r = Retention("public", "task", "7 days", batch=10, batches=2)
+    assert run(db, r) == 20                       # bounded: 2 batches of 10
+    assert run(db, r) == 7                        # the rest
+    assert run(db, r) == 0
+    left = {row[0] for row in db.execute("SELECT id FROM task")}
+    assert left == {young, live}
+    assert not set(old) & left and fail not in left and stop not in left
+    assert run(db, Retention("public", "task", "")) == 0
+
+
+def test_children_before_parents(db):
+    parent = finished(db, "DONE", 10)
+    kids = [finished(db, "DONE", 10, parent=parent) for _ in range(3)]
+    grandkid = finished(db, "DONE", 10, parent=kids[0])
+    # a batch of 2 holds the newest rows (the grandchild and a child): the parent waits
+    r = Retention("public", "task", "7 days", batch=2, batches=1)
+    seen = []
+    while True:
+        before = {row[0] for row in db.execute("SELECT id FROM task")}
+        if run(db, r) == 0:
+            break
+        after = {row[0] for row in db.execute("SELECT id FROM task")}
+        seen.append(before - after)
+        # invariant: no remaining row points to a deleted parent
+        assert db.value("SELECT count(*) FROM task c WHERE c.parent IS NOT NULL AND NOT EXISTS "
+                        "(SELECT FROM task p WHERE p.id = c.parent)") == 0
+    assert db.value("SELECT count(*) FROM task") == 0
+    order = [i for batch in seen for i in batch]
+    assert order.index(grandkid) < order.index(kids[0]) or any({grandkid, kids[0]} <= b for b in seen)
+    assert order.index(parent) == len(order) - 1
+
+
+def test_live_child_keeps_its_parent(db):
+    parent = finished(db, "DONE", 10)
+    child = finished(db, "PLAN", 10, parent=parent)
+    young = finished(db, "DONE", 10)
+    youngkid = finished(db, "DONE", 1, parent=young)
+    assert run(db, Retention("public", "task", "7 days")) == 0
+    assert {r[0] for r in db.execute("SELECT id FROM task")} == {parent, child, young, youngkid}
+
+
+def test_key_expiry_is_independent_of_history(db):
+    """Deleting task history does not release an unexpired key; an expired key of a finished (or
+    deleted) task goes; an expired key of a queued task stays."""
+    live_key = db.execute("SELECT id FROM task_enqueue('SELECT 1', 'live', '{}', '1 day')")[0][0]
+    done_key = db.execute("SELECT id FROM task_enqueue('SELECT 1', 'done', '{}', '1 day')")[0][0]
+    fresh = db.execute("SELECT id FROM task_enqueue('SELECT 1', 'fresh', '{}', '100 years')")[0][0]
+    for tid in (done_key, fresh):
+        db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (tid,))
+    db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
+    db.execute("UPDATE task SET stop = %s WHERE state = 'STOP'", (NOW - timedelta(days=30),))
+    db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
+    # history deleted first: the keys of deleted tasks are still reserved
+    assert run(db, Retention("public", "task", "7 days")) == 2
+    assert db.execute("SELECT created FROM task_enqueue('SELECT 1', 'fresh')") == [(False,)]
+    assert db.execute("SELECT created FROM task_enqueue('SELECT 1', 'done')") == [(False,)]  # not expired yet (now())
+    # key expiry at NOW (2030): 'done' expired and its task gone; 'live' expired but its task is queued
+    out = run(db, KeyExpiry("public", "task", batch=1))
+    assert out["keys"] == 1
+    assert {r[0] for r in db.execute("SELECT key FROM task_key")} == {"live", "fresh"}
+    assert db.execute("SELECT created FROM task_enqueue('SELECT 1', 'fresh')") == [(False,)]
+
+
+def test_retention_and_enqueue_interleaved(db):
+    """History deletion, key expiry and idempotent inserts running at the same time: every key
+    maps to exactly one task it created, never two live tasks for one key."""
+    keys = [f"k{i}" for i in range(40)]
+    stop = threading.Event()
+    errors = []
+
+    def producer():
+        try:
+            with db.connect() as conn:
+                while not stop.is_set():
+                    for k in keys:
+                        tid, _ = conn.execute("SELECT * FROM task_enqueue('SELECT 1', %s, '{}', '0 sec')",
+                                              (k,)).fetchone()
+                        # finish it (so its key may expire and its row be deleted)
+                        conn.execute("UPDATE task SET state = 'STOP' WHERE id = %s AND state = 'PLAN'", (tid,))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def cleaner():
+        try:
+            r, k = Retention("public", "task", "0 sec", batch=7, batches=3), KeyExpiry("public", "task", batch=5)
+            for _ in range(30):
+                run(db, r, None)
+                run(db, k, None)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=producer) for _ in range(2)] + [threading.Thread(target=cleaner)]
+    for t in threads[2:]:
+        t.start()
+    for t in threads[:2]:
+        t.start()
+    threads[2].join(120)
+    stop.set()
+    for t in threads[:2]:
+        t.join(60)
+    assert not errors, errors
+    # never two live tasks under one key at any time: at the end, each key's task exists or was deleted
+    assert db.value("SELECT count(*) FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK')") <= len(keys)
+    assert db.value("SELECT count(*) FROM task_key") <= len(keys)
+
+
+def test_failed_pass_never_blocks_claiming(db, service_factory):
+    """A broken retention setting fails every pass; tasks are claimed and run all the same."""
+    svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nretention = 'not an interval'\n"
+                                   "retention_interval = 0.1\n")
+    tid = db.insert("SELECT 42")
+    assert db.wait_state(tid)["state"] == "DONE"
+    from tests.conftest import wait_for
+    wait_for(lambda: "retention pass failed" in svc.output(), message="a failed retention pass logged")
+
+
+def test_service_deletes_history(db, service_factory):
+    tid = db.insert("SELECT 1")
+    svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nretention = '0 sec'\nretention_interval = 0.1\n")
+    from tests.conftest import wait_for
+    wait_for(lambda: db.task(tid) is None, message=f"task {tid} deleted by retention:\n{svc.output()}")
+
+
+def test_maintenance_options_from_config():
+    o = MaintenanceOptions.from_service({"retention": "30 days", "schedule_batch": 5, "grace": 3.0})
+    assert o.retention == "30 days" and o.schedule_batch == 5 and o.retention_batch == 1000
+    Maintenance("dbname=x", "public", "task", o)

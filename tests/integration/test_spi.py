@@ -1,0 +1,163 @@
+"""SPI mode (pg_task.spi = on) and the manual's restriction table, local and SPI columns."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from conftest import wait_for
+
+# One input per row of the manual's restriction table (and then some), run in both modes.
+TABLE = {
+    "multi": "SELECT 1 AS a; SELECT 2 AS a, 3 AS b; CREATE TABLE m (x int); INSERT INTO m VALUES (1), (2); "
+             "UPDATE m SET x = x + 1; INSERT INTO m VALUES (9) RETURNING x",
+    "copy_out": "INSERT INTO t VALUES (100); COPY (SELECT 1) TO STDOUT",
+    "copy_in": "COPY t FROM STDIN",
+    "program": "COPY t FROM PROGRAM 'echo 7'",
+    "file": "COPY (SELECT 1) TO '{path}'",
+    "tx": "BEGIN; INSERT INTO t VALUES (1); COMMIT; BEGIN; INSERT INTO t VALUES (2)",
+    "savepoint": "INSERT INTO t VALUES (3); SAVEPOINT s",
+    "ddl": "CREATE TABLE d (x int); ALTER TABLE d ADD y text; DROP TABLE d",
+    "atomic": "INSERT INTO t VALUES (4); SELECT 1/0",
+}
+
+MULTI_OUTPUT = "1\na\tb\n2\t3\nCREATE TABLE\nINSERT 0 2\nUPDATE 2\n9\nINSERT 0 1"
+
+
+def run_table(db) -> dict[str, dict]:
+    db.execute("CREATE TABLE t (x int)")
+    target = db.cluster.base / f"copy-{db.name}.txt"  # where the server may write
+    ids = {k: db.insert(v.replace("{path}", str(target))) for k, v in TABLE.items()}
+    rows = {k: db.wait_state(i) for k, i in ids.items()}
+    rows["_t"] = sorted(r[0] for r in db.execute("SELECT x FROM t"))
+    rows["_file"] = target.exists()
+    return rows
+
+
+def test_restriction_table_local(db, service):
+    rows = run_table(db)
+    assert (rows["multi"]["output"], rows["multi"]["error"]) == (MULTI_OUTPUT, None)
+    assert rows["copy_out"]["error"] == ("ERROR:  COPY TO STDOUT is not supported\n"
+                                         "STATEMENT:  INSERT INTO t VALUES (100); COPY (SELECT 1) TO STDOUT")
+    assert rows["copy_in"]["error"] == ("ERROR:  COPY FROM STDIN is not supported\n"
+                                        "STATEMENT:  COPY t FROM STDIN")
+    assert (rows["program"]["output"], rows["program"]["error"]) == ("COPY 1", None)
+    assert (rows["file"]["output"], rows["file"]["error"], rows["_file"]) == ("COPY 1", None, True)
+    assert (rows["tx"]["output"], rows["tx"]["error"]) == (
+        "BEGIN\nINSERT 0 1\nCOMMIT\nBEGIN\nINSERT 0 1", None)
+    assert rows["savepoint"]["state"] == "FAIL"  # a SAVEPOINT outside a block is the server's error
+    assert (rows["ddl"]["output"], rows["ddl"]["error"]) == ("CREATE TABLE\nALTER TABLE\nDROP TABLE", None)
+    assert rows["atomic"]["error"] == ("ERROR:  division by zero\n"
+                                       "STATEMENT:  INSERT INTO t VALUES (4); SELECT 1/0")
+    # the dangling BEGIN was committed; the failed implicit transaction rolled back
+    assert rows["_t"] == [1, 2, 7]
+
+
+def spi_on(db) -> None:
+    db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+
+
+def test_restriction_table_spi(db, service_factory):
+    spi_on(db)
+    service_factory(db.name)
+    rows = run_table(db)
+    # several statements: every result appended, as locally (PostgreSQL 10+)
+    assert (rows["multi"]["state"], rows["multi"]["output"], rows["multi"]["error"]) == (
+        "DONE", MULTI_OUTPUT, None)
+    # any COPY: SPI_ERROR_COPY; the statements before it ran and were rolled back
+    statement = TABLE["copy_out"]
+    assert (rows["copy_out"]["state"], rows["copy_out"]["output"], rows["copy_out"]["error"]) == (
+        "FAIL", "INSERT 0 1", f"ERROR:  SPI_ERROR_COPY\nSTATEMENT:  {statement}")
+    for key in ("copy_in", "program", "file"):
+        assert rows[key]["state"] == "FAIL", key
+        assert rows[key]["output"] == ""
+        assert rows[key]["error"].startswith("ERROR:  SPI_ERROR_COPY\nSTATEMENT:  COPY "), rows[key]["error"]
+    assert rows["_file"] is False  # nothing was written
+    # transaction control: SPI_ERROR_TRANSACTION, at the first such statement
+    assert (rows["tx"]["output"], rows["tx"]["error"]) == (
+        "", f"ERROR:  SPI_ERROR_TRANSACTION\nSTATEMENT:  {TABLE['tx']}")
+    assert (rows["savepoint"]["output"], rows["savepoint"]["error"]) == (
+        "INSERT 0 1", f"ERROR:  SPI_ERROR_TRANSACTION\nSTATEMENT:  {TABLE['savepoint']}")
+    # DDL is fine
+    assert (rows["ddl"]["output"], rows["ddl"]["error"]) == ("CREATE TABLE\nALTER TABLE\nDROP TABLE", None)
+    # a server error gets SPI's context line; the whole input is undone
+    assert rows["atomic"]["error"] == ('ERROR:  division by zero\n'
+                                       'CONTEXT:  SQL statement "INSERT INTO t VALUES (4); SELECT 1/0"\n'
+                                       'STATEMENT:  INSERT INTO t VALUES (4); SELECT 1/0')
+    assert rows["atomic"]["output"] == "INSERT 0 1"
+    # one atomic unit each: nothing of any failed input stayed
+    assert rows["_t"] == []
+
+
+def test_spi_is_atomic_where_local_is_not(db, service_factory):
+    """A statement that commits on its own locally (after an explicit COMMIT) cannot in SPI mode;
+    and VACUUM, which cannot run in a transaction block, fails in SPI mode with the server's error."""
+    spi_on(db)
+    service_factory(db.name)
+    db.execute("CREATE TABLE t (x int)")
+    row = db.wait_state(db.insert("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); "
+                                  "SELECT count(*) FROM t"))
+    assert (row["state"], row["output"]) == ("DONE", "INSERT 0 1\nINSERT 0 1\n2")
+    row = db.wait_state(db.insert("INSERT INTO t VALUES (3); VACUUM t"))
+    assert row["state"] == "FAIL"
+    assert row["error"].startswith("ERROR:  VACUUM cannot run inside a transaction block\n"
+                                   "CONTEXT:  SQL statement"), row["error"]
+    assert db.value("SELECT count(*) FROM t") == 2
+    # a syntax error anywhere: nothing runs
+    row = db.wait_state(db.insert("INSERT INTO t VALUES (4); SELEC 1"))
+    assert row["error"].startswith('ERROR:  syntax error at or near "SELEC" at character 27\n'), row["error"]
+    assert db.value("SELECT count(*) FROM t") == 2
+    # a pglast-splittable input with a COPY after a failing statement: the earlier error wins
+    row = db.wait_state(db.insert("SELECT 1/0; COPY t TO STDOUT"))
+    assert row["error"].startswith("ERROR:  division by zero\n"), row["error"]
+
+
+def test_alter_system_takes_effect_without_restart(db, service, cluster):
+    """ALTER SYSTEM + pg_reload_conf(): the next task runs in SPI mode, on the same service."""
+    copy = "COPY (SELECT 1) TO STDOUT"
+    row = db.wait_state(db.insert(copy))
+    assert row["error"] == f"ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  {copy}"
+    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+        conn.execute("SET pg_task.spi = off")  # before PostgreSQL 17, ALTER SYSTEM wants a placeholder
+        conn.execute("ALTER SYSTEM SET pg_task.spi = on")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            # a reload reaches each backend asynchronously: wait until a new session sees it
+            def sees_it():
+                with psycopg.connect(cluster.conninfo(db.name), autocommit=True) as probe:
+                    return probe.execute("SELECT current_setting('pg_task.spi', true)").fetchone()[0] == "on"
+            wait_for(sees_it, message="the reload")
+            # an idle pooled executor session applies a reload before its next query (postgres.c)
+            row = db.wait_state(db.insert(copy))
+            assert row["error"] == f"ERROR:  SPI_ERROR_COPY\nSTATEMENT:  {copy}"
+        finally:
+            conn.execute("ALTER SYSTEM RESET pg_task.spi")
+            conn.execute("SELECT pg_reload_conf()")
+    assert "pgtask running" in service.output() and service.proc.poll() is None
+
+
+@pytest.mark.parametrize("execute_as", ["login", "set_role"])
+def test_role_setting_and_bad_value(db, service_factory, execute_as):
+    """ALTER ROLE ... IN DATABASE SET pg_task.spi = on for one author only; a bad value fails
+    that author's tasks saying why."""
+    carol, dave, erin = (f"{name}_{db.name}" for name in ("carol", "dave", "erin"))  # roles are cluster-wide
+    for role in (carol, dave, erin):
+        db.execute(f"CREATE ROLE {role} LOGIN")
+        db.execute(f"GRANT INSERT, SELECT ON task TO {role}")
+        db.execute(f"GRANT USAGE ON SEQUENCE task_id_seq TO {role}")
+    db.execute(f'ALTER ROLE {carol} IN DATABASE "{db.name}" SET pg_task.spi = on')
+    db.execute(f"ALTER ROLE {erin} SET pg_task.spi = 'maybe'")
+    try:
+        service_factory(db.name, f'[pgtask]\nreset_check = 0.5\nexecute_as = "{execute_as}"\n')
+        copy = "COPY (SELECT 1) TO STDOUT"
+        ids = {}
+        for name, role in (("carol", carol), ("dave", dave), ("erin", erin)):
+            with db.connect(role) as conn:
+                ids[name] = conn.execute("INSERT INTO task (input) VALUES (%s) RETURNING id",
+                                         (copy,)).fetchone()[0]
+        rows = {name: db.wait_state(i) for name, i in ids.items()}
+        assert rows["carol"]["error"] == f"ERROR:  SPI_ERROR_COPY\nSTATEMENT:  {copy}"
+        assert rows["dave"]["error"] == f"ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  {copy}"
+        assert rows["erin"]["error"] == ('ERROR:  invalid value for parameter "pg_task.spi": "maybe"\n'
+                                         'HINT:  "pg_task.spi" requires a Boolean value')
+    finally:
+        db.execute(f"ALTER ROLE {erin} RESET pg_task.spi")
