@@ -156,7 +156,7 @@ class Scheduler:
             log.info("%s: %s", self.entry.label(), action)
         await self.refresh_columns(self.control)
         self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
-                                           kwargs={"autocommit": True}, reconnect_timeout=0)
+                                           kwargs={"autocommit": True}, timeout=10)
         await self.writers.open(wait=True, timeout=30)
         await self.reset_orphans()
 
