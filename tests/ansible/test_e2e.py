@@ -4,7 +4,8 @@ The tests of this module share one host and run in order: check mode on the fres
 run (PostgreSQL, pgtask from a wheelhouse built from this repository, provisioning, the unit), a task
 reaching DONE, a second run with changed=0, check mode on the converged host, the unit verified by
 systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned, and
-last an upgrade to a new version: the venv is upgraded and the service restarted (new PID).
+then an upgrade to a new version: the venv is upgraded and the service restarted (new PID), and last
+a server setting that needs a restart (listen_addresses): PostgreSQL restarts, the service goes on.
 """
 
 from __future__ import annotations
@@ -152,13 +153,14 @@ def test_new_entry_reloads_and_is_provisioned(host, deploy):
     run = deploy([*ENTRIES, NEW_ENTRY], **PG_SETTINGS)
     recap = assert_ok(run)
     changed = run.changed_tasks()
-    assert any("Reload pgtask" in name for name in changed), changed
+    assert any("Reload pgtask" in name for name in changed), (changed, journal(host))
     assert not any("Restart pgtask" in name for name in changed), changed
     assert any("Provision" in name for name in changed), changed
     assert any("Reload PostgreSQL" in name for name in changed), changed
-    assert psql(host, "SHOW pg_task.timeout") == "5 min"
+    # a reload is a SIGHUP: new sessions see it once the postmaster has read the files
+    wait_for(lambda: psql(host, "SHOW pg_task.timeout") == "5 min", 15, "pg_task.timeout after reload")
     # reloaded, not restarted
-    assert main_pid(host) == pid
+    assert main_pid(host) == pid, journal(host)
     assert psql(host, "SELECT 1 FROM pg_roles WHERE rolname = 'app1'") == "1"
     assert psql(host, "SELECT to_regclass('jobs.task') IS NOT NULL", db="app1") == "t"
     # the new entry's scheduler runs tasks
@@ -213,4 +215,25 @@ def test_upgrade_restarts_the_service(host, deploy, tmp_path):
                      .startswith(("DONE", "FAIL")) and s, 60, f"task {task_id} after the upgrade")
     assert final == "DONE|3", final
     again = deploy(entries, pgtask_version=new, pgtask_source_dir=str(src), **PG_SETTINGS)
+    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
+def test_a_setting_that_needs_a_restart_restarts_postgresql(host, deploy):
+    entries = [*ENTRIES, NEW_ENTRY]
+    settings = {"pgtask_postgresql_settings": {"pg_task.timeout": "5 min", "listen_addresses": "*"}}
+    started = psql(host, "SELECT pg_postmaster_start_time()")
+    version = installed_version(host)
+    run = deploy(entries, pgtask_version=version, pgtask_source_dir=str(REPO), **settings)
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any(name.endswith("Restart PostgreSQL") for name in changed), changed
+    assert psql(host, "SHOW listen_addresses") == "*"
+    assert psql(host, "SELECT pg_postmaster_start_time()") != started
+    # the service outlives the server's restart and keeps running tasks
+    task_id = psql(host, "INSERT INTO task (input) VALUES ('SELECT 4') RETURNING id")
+    final = wait_for(lambda: (s := psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}"))
+                     .startswith(("DONE", "FAIL")) and s, 60,
+                     f"task {task_id} after PostgreSQL restarted; journal:\n{journal(host)}")
+    assert final == "DONE|4", final
+    again = deploy(entries, pgtask_version=version, pgtask_source_dir=str(REPO), **settings)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
