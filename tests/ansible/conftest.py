@@ -1,0 +1,30 @@
+"""Fixtures for the Ansible tests: the cached bookworm tree and a booted host."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# No __init__.py here (a package named "ansible" would shadow ansible itself), and the helpers live in
+# modules with names of their own (tests/conftest.py is "conftest" too).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pgtask_nspawn as nspawn
+
+
+@pytest.fixture(scope="session")
+def rootfs() -> Path:
+    reason = nspawn.cannot_boot_reason()
+    if reason:
+        pytest.skip(reason)
+    return nspawn.build_rootfs(log=lambda msg: print(msg, file=sys.stderr))
+
+
+@pytest.fixture(scope="module")
+def host(rootfs):
+    """One booted bookworm host, systemd as PID 1, no network but lo; gone after the module."""
+    name = f"pgtask-e2e-{os.getpid()}"
+    with nspawn.Container(rootfs, name, private_network=True) as c:
+        yield c
