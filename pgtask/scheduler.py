@@ -211,8 +211,9 @@ class Scheduler:
         async with self.control_lock:
             # One round trip: BEGIN, unlock, claim_lock, claim, next, COMMIT. The commit does not wait
             # for the WAL flush: a claim lost in a server crash leaves its rows PLAN, and nothing of a
-            # claimed task can become durable before it (its TAKE -> WORK commit is synchronous and
-            # flushes the WAL up to the claim) -- so the claim is never the reason a task runs twice.
+            # claimed task can become durable before it (the first synchronous commit after it -- the
+            # task's own input or its finish -- flushes the WAL up to the claim): so the claim is never
+            # the reason a task runs twice.
             async with conn.pipeline(), conn.transaction():
                 await conn.execute("SET LOCAL synchronous_commit = off")
                 if self.to_unlock:
