@@ -10,12 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import signal as signals
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir, find_bindir
+from support import Service, _free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -33,25 +29,6 @@ _counter = itertools.count()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--pg", default=os.environ.get("PGTASK_TEST_PG", "auto"),
                      help="PostgreSQL for the tests: 15, 18, embedded or auto")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02,
-             message: str = "condition") -> object:
-    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")
@@ -149,60 +126,6 @@ def db(cluster: Cluster, template: str) -> Iterator[Database]:
     d.close()
     with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-class Service:
-    """``pgtask run`` as a real subprocess."""
-
-    def __init__(self, cluster: Cluster, dbname: str, config: str = "", env: dict | None = None,
-                 tmp: Path | None = None):
-        self.cluster, self.dbname = cluster, dbname
-        self.tmp = Path(tmp or tempfile.mkdtemp(prefix="pgtask-svc-"))
-        self.config_path = self.tmp / f"pgtask-{next(_counter)}.toml"
-        self.log_path = self.config_path.with_suffix(".log")
-        self.write_config(config)
-        self.env = {**os.environ, **cluster.env(), "PGDATABASE": dbname, **(env or {})}
-        self.proc: subprocess.Popen | None = None
-
-    def write_config(self, config: str) -> None:
-        base = "\n[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = \"debug\"\n"
-        if "[pgtask]" in config:
-            base = ""
-        self.config_path.write_text(config + base)
-
-    def start(self, wait: bool = True) -> Service:
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config", str(self.config_path)],
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.tmp)
-        if wait:
-            wait_for(self.ready, 30, message=f"pgtask run to be ready:\n{self.output()}")
-        return self
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"pgtask run exited with {self.proc.returncode}:\n{self.output()}")
-        return "pgtask running" in self.output()
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self, sig: int = signals.SIGTERM, timeout: float = 30) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"pgtask run did not stop within {timeout}s:\n{self.output()}")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture

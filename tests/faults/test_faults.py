@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import psycopg
-from conftest import Service, _free_port, wait_for
+from support import Service, _free_port, wait_for
 
 from pgtask.cluster import Cluster
 
@@ -41,10 +41,11 @@ def check_counts(db, ids, allowed_twice):
 def test_sigkill_mid_load_then_restart(db, service_factory):
     ids = load(db, 3000, groups=30)
     svc = service_factory(db.name)
-    wait_for(lambda: db.value("SELECT count(*) FROM runs") > 600, 60, message="the load to get going")
+    wait_for(lambda: db.value("SELECT count(*) FROM runs") > 600 and in_flight(db), 60,
+             message="the load to get going, with tasks in flight")
     svc.kill()
     flying = in_flight(db)  # rows the dead service had claimed: the only ones allowed to run twice
-    assert flying
+    assert flying, "the kill should hit tasks in flight"
     service_factory(db.name)
     wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == len(ids), 120,
              message="every task to be DONE after the restart")

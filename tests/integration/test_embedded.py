@@ -7,7 +7,7 @@ import sys
 
 import psycopg
 import pytest
-from conftest import _free_port, wait_for
+from support import _free_port, wait_for
 
 from pgtask.cluster import Cluster, embedded_bindir
 

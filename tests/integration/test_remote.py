@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import _free_port, wait_for
+from support import _free_port, wait_for
 
 from pgtask.cluster import Cluster
 

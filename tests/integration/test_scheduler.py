@@ -8,7 +8,7 @@ import sys
 from datetime import timedelta
 
 import pytest
-from conftest import wait_for
+from support import wait_for
 
 
 def test_repeat_on_the_plan_grid(db, service):

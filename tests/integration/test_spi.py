@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from conftest import wait_for
+from support import wait_for
 
 # One input per row of the manual's restriction table (and then some), run in both modes.
 TABLE = {

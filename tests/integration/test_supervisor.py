@@ -4,7 +4,7 @@ import signal
 
 import psycopg
 import pytest
-from conftest import wait_for
+from support import wait_for
 
 
 def qualified(schema, table):

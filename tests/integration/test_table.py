@@ -83,7 +83,7 @@ def test_settings_cascade(db, cluster):
                     c.execute(f"SET \"pg_task.{k}\" = '{v}'")
                 return c.execute("INSERT INTO task (input) VALUES ('x') RETURNING \"group\"").fetchone()[0]
 
-        from conftest import wait_for
+        from support import wait_for
         wait_for(lambda: group_of() == "from_system", 10, message="ALTER SYSTEM to be reloaded")
         db.execute(f'ALTER DATABASE "{db.name}" SET "pg_task.group" = \'from_database\'')
         assert group_of() == "from_database"
