@@ -197,6 +197,11 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> s
             f"SET SESSION \"statement_timeout\" = '{int(task.timeout_ms)}'")
 
 
+def _raise_if_lost(err: pq.abc.PGresult | None) -> None:
+    if wire.lost(err):
+        raise psycopg.OperationalError(format_error(err, None))
+
+
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
                     output_limit: int, spi: bool = False) -> tuple[str | None, str | None]:
     """Run one task's input on ``session``; returns (output, error).
@@ -211,6 +216,7 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     err, bad_setting, use_spi = await spi_mode.preamble(
         session.pgconn, preamble(task, schema, table, oid, session.set_role), session.set_role, spi,
         session.encoding)
+    _raise_if_lost(err)
     if err is not None:
         error = format_error(err, task.input, session.encoding)
     elif bad_setting is not None:
@@ -221,12 +227,14 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
         error = simple_error(refusal, statement=task.input)
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
+        _raise_if_lost(err)
         if err is not None:
             error = format_error(err, task.input, session.encoding)
         status = session.pgconn.transaction_status
         if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
             # A transaction left open by input is committed (a failed one rolls back); tag not printed.
             end = await wire.simple(session.pgconn, "COMMIT", session.encoding)
+            _raise_if_lost(end)
             if end is not None and error is None:
                 error = format_error(end, task.input, session.encoding)
     if session.set_role:

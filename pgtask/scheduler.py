@@ -91,6 +91,7 @@ class Scheduler:
         self.inflight: dict[int, tuple[Task, Session | None]] = {}
         self.to_unlock: list[int] = []
         self.drain_cancelled: set[int] = set()
+        self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
         self.tasks: set[asyncio.Task] = set()
         self.control: psycopg.AsyncConnection | None = None
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
@@ -130,12 +131,13 @@ class Scheduler:
                     make_conninfo(self.conninfo, application_name=f"pg_work {self.entry.schema} "
                                   f"{self.entry.table} {int(self.options.sleep * 1000)}"),
                     autocommit=True, row_factory=dict_row)
-                # Tasks still running here keep their liveness locks across a reconnect.
+                # Tasks still running here keep their liveness locks across a reconnect. A task that
+                # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
+                # id unlocked that the new session does not hold only gives a warning).
                 if self.inflight:
                     await conn.execute(
                         "SELECT pg_advisory_lock((%s::bigint << 32) | (id & 4294967295)) FROM unnest(%s::bigint[]) id",
                         (self.oid, list(self.inflight)))
-                self.to_unlock.clear()
                 self.control = conn
                 return
             except psycopg.OperationalError as exc:
@@ -250,12 +252,8 @@ class Scheduler:
         try:
             while task is not None:
                 if session is None:
-                    try:
-                        session = await self.sessions.get(task.user, f"pg_task {self.entry.schema} "
-                                                                     f"{self.entry.table} {task.group}")
-                    except psycopg.Error as exc:
-                        await self.finish(task, "", simple_error(
-                            f"could not connect as role {task.user}", str(exc).strip()))
+                    session = await self.open_session(task)
+                    if session is None:
                         return
                     born = task.now
                 self.inflight[task.id] = (task, session)
@@ -279,6 +277,33 @@ class Scheduler:
         finally:
             if session is not None:
                 await self.sessions.put(session)
+
+    async def open_session(self, task: Task) -> Session | None:
+        """A session for the task's author. If the server itself is unreachable (restarting, shutting
+        down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
+        not log in, authentication refused) fails the task with the reason."""
+        name = f"pg_task {self.entry.schema} {self.entry.table} {task.group}"
+        for attempt in (1, 2):
+            try:
+                return await self.sessions.get(task.user, name)
+            except psycopg.Error as exc:
+                if not await self._server_up():
+                    log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
+                                str(exc).strip().splitlines()[-1])
+                    await self.requeue(task)
+                    return None
+                if attempt == 2:
+                    await self.finish(task, "", simple_error(
+                        f"could not connect as role {task.user}", str(exc).strip()))
+        return None
+
+    async def _server_up(self) -> bool:
+        try:
+            async with self.writers.connection() as conn:
+                await conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
 
     async def complete(self, task: Task, output: str | None, error: str | None, spawner_max: int, done: int,
                        born) -> Task | None:
@@ -342,24 +367,34 @@ class Scheduler:
     def _submit(self, kind: str, task: Task, payload: Any) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.pending.append((kind, task, payload, fut))
-        if len(self.flushers) < self.MAX_FLUSHERS:
-            t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
-            self.flushers.add(t)
-            t.add_done_callback(self.flushers.discard)
+        self._spawn_flusher()
         return fut
 
+    def _spawn_flusher(self) -> None:
+        if self.pending and len(self.flushers) < self.MAX_FLUSHERS:
+            t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
+            self.flushers.add(t)
+
     async def _flush_loop(self) -> None:
-        await asyncio.sleep(0)  # let tasks ready in this loop iteration join the batch
-        while self.pending:
-            batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
-            try:
-                await self._flush(batch)
-            except BaseException as exc:
-                for *_, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
-                if not isinstance(exc, Exception):
-                    raise
+        me = asyncio.current_task()
+        try:
+            await asyncio.sleep(0)  # let tasks ready in this loop iteration join the batch
+            while self.pending:
+                batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
+                try:
+                    await self._flush(batch)
+                except BaseException as exc:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            # Leave the set in the same step as the last look at `pending` (no await in between): a
+            # write submitted after that look finds room for a new flusher instead of waiting forever
+            # on one that is already on its way out.
+            self.flushers.discard(me)
+            self._spawn_flusher()
 
     async def _flush(self, batch: list) -> None:
         works = [(t, p, f) for k, t, p, f in batch if k == "w"]

@@ -179,6 +179,15 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
     return report
 
 
+def dump_tasks() -> None:
+    """SIGUSR1: log where every asyncio task of the service is waiting (for diagnosing a stall)."""
+    import io
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(limit=12, file=buf)
+        log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
+
+
 class Supervisor:
     def __init__(self, cfg: Config, config_path: str | None = None):
         self.cfg, self.config_path = cfg, config_path
@@ -262,6 +271,7 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGTERM, self.stop_event.set)
         loop.add_signal_handler(signal.SIGINT, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_event.set)
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
         self.conninfo, self.cluster = await asyncio.to_thread(base_conninfo, self.cfg)
         self.restart_after, self.conf_restart = 60.0, 60.0
         backoff_delay = 0.1

@@ -69,7 +69,7 @@ FROM unnest(%(ids)s::bigint[]) AS id
 
 -- work --
 UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = %(pid)s
-WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state" = 'TAKE'
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state" IN ('TAKE', 'WORK')
 RETURNING "id"
 
 -- finish --
@@ -157,7 +157,8 @@ WITH w AS (
     UPDATE {table} t SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = b.pid
     FROM unnest(%(w_id)s::bigint[], %(w_attempt)s::int4[], %(w_lease)s::uuid[], %(w_pid)s::int4[])
          AS b(id, attempt, lease, pid)
-    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease AND t."state" = 'TAKE'
+    -- WORK too: a retry after a lost connection may find its own first attempt committed
+    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease AND t."state" IN ('TAKE', 'WORK')
     RETURNING t."id"
 ), f AS (
     UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state"

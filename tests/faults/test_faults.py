@@ -181,6 +181,7 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
                   "synchronous_commit": "on"})
     primary.start()
     standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=_free_port())
+    services: list[Service] = []
     standby.base.mkdir(exist_ok=True)
     standby.socket_dir.mkdir(exist_ok=True)
     from pgtask.cluster import _grant_path
@@ -201,6 +202,7 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
         dsn = (f"host={primary.socket_dir},{standby.socket_dir} port={primary.port},{standby.port} "
                f"user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=2")
         svc = Service(cluster, "postgres", f'dsn = "{dsn}"\n', tmp=tmp_path)
+        services.append(svc)
         svc.start()
         with psycopg.connect(primary.conninfo(), autocommit=True) as conn:
             conn.execute("INSERT INTO task (input) SELECT %s FROM generate_series(1, 300)",
@@ -219,5 +221,8 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
         assert svc.proc.poll() is None
         svc.stop()
     finally:
+        for svc in services:
+            if svc.proc is not None and svc.proc.poll() is None:
+                svc.kill()
         primary.destroy()
         standby.destroy()
