@@ -9,11 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pgtask.cluster import Cluster
+from pgtask.patterns.notebook import wait_until
 
 _counter = itertools.count()
 
@@ -26,15 +26,11 @@ def _free_port() -> int:
 
 def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02,
              message: str = "condition") -> object:
-    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
+    """Poll ``predicate`` until it returns something truthy, or fail the test after ``timeout`` s."""
+    try:
+        return wait_until(predicate, timeout, message, interval)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 class Service:
