@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,27 @@ def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: f
         return wait_until(predicate, timeout, message, interval)
     except TimeoutError as exc:
         raise AssertionError(str(exc)) from None
+
+
+def race(n: int, work: Callable[[Callable[[], object]], object]) -> tuple[list, list]:
+    """Run ``work(start)`` in ``n`` threads; each calls ``start()`` where the threads should be let
+    go together. Returns (results, errors), errors being the exceptions the threads raised."""
+    barrier = threading.Barrier(n)
+    results: list = []
+    errors: list = []
+
+    def run() -> None:
+        try:
+            results.append(work(barrier.wait))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
 
 
 class Service:

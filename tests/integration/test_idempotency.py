@@ -3,10 +3,9 @@ task_key that outlive the task's history and expire on their own."""
 
 from __future__ import annotations
 
-import threading
-
 import psycopg
 import pytest
+from support import race
 
 from pgtask import provision
 
@@ -77,22 +76,12 @@ def test_plain_insert_on_conflict_does_not_deduplicate(db):
 
 
 def test_concurrent_same_key_creates_one(db):
-    barrier = threading.Barrier(10)
-    results, errors = [], []
+    def work(start):
+        with db.connect() as conn:
+            start()
+            return conn.execute("SELECT id, created FROM task_enqueue('SELECT 1', 'same')").fetchone()
 
-    def worker():
-        try:
-            with db.connect() as conn:
-                barrier.wait()
-                results.append(conn.execute("SELECT id, created FROM task_enqueue('SELECT 1', 'same')").fetchone())
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = race(10, work)
     assert not errors
     assert sum(1 for _, created in results if created) == 1
     assert len({i for i, _ in results}) == 1

@@ -5,11 +5,11 @@ real service running a schedule's tasks to DONE."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from support import race
 
 from pgtask.maintenance import Materialiser
 
@@ -192,23 +192,15 @@ def test_two_materialisers_racing_never_duplicate(db):
     for i in range(n):
         add(db, name=f"s{i}", cron="* * * * *", misfire="catchup", catchup=5)
     materialise(db, T0)
-    barrier = threading.Barrier(2)
-    results, errors = [], []
 
-    def worker():
-        try:
-            m = Materialiser("public", "task", batch=1000)
-            barrier.wait()
-            for k in range(3):   # the same moment, again and again
-                results.append(materialise(db, T0 + timedelta(minutes=10), m))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+    def work(start):
+        m = Materialiser("public", "task", batch=1000)
+        start()
+        # the same moment, again and again
+        return [materialise(db, T0 + timedelta(minutes=10), m) for _ in range(3)]
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    runs, errors = race(2, work)
+    results = [r for run in runs for r in run]
     assert not errors
     created = sum(len(r.created) for r in results)
     assert created == n * 5
