@@ -29,6 +29,7 @@ changes nothing and returns an empty report. ``uninstall()`` undoes it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -245,6 +246,18 @@ def _columns(conn, rel_oid: int) -> dict[str, str]:
     return dict(rows)
 
 
+def _changes(conn: psycopg.Connection, text: str, state: Callable[[], object], before: object) -> bool:
+    """Run ``text`` in a savepoint; keep it only if ``state()`` differs from ``before`` afterwards."""
+    try:
+        with conn.transaction():
+            conn.execute(text)
+            if state() == before:
+                raise _Unchanged
+    except _Unchanged:
+        return False
+    return True
+
+
 class _Unchanged(Exception):
     """Raised inside a savepoint to roll back a no-op CREATE OR REPLACE."""
 
@@ -272,14 +285,8 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
         elif s.kind == "function":
             before = _functions(conn, schema, obj)
             text = render(s.text, schema, table, opts, conn=conn)
-            try:
-                with conn.transaction():
-                    conn.execute(text)
-                    if _functions(conn, schema, obj) == before:
-                        raise _Unchanged
-            except _Unchanged:
-                continue
-            report.add(f"{'replaced' if before else 'created'} function {schema}.{obj}")
+            if _changes(conn, text, lambda: _functions(conn, schema, obj), before):
+                report.add(f"{'replaced' if before else 'created'} function {schema}.{obj}")
         elif s.kind == "trigger":
             text = render(s.text, schema, table, opts, conn=conn)
             before = _trigger(conn, table_oid, obj)
@@ -287,14 +294,9 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
                 conn.execute(text)
                 report.add(f"created trigger {obj} on {qualified}")
                 continue
-            try:
-                with conn.transaction():
-                    conn.execute(text.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1))
-                    if _trigger(conn, table_oid, obj) == before:
-                        raise _Unchanged
-            except _Unchanged:
-                continue
-            report.add(f"replaced trigger {obj} on {qualified}")
+            if _changes(conn, text.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1),
+                        lambda: _trigger(conn, table_oid, obj), before):
+                report.add(f"replaced trigger {obj} on {qualified}")
         elif s.kind == "task":
             mark = marker(pattern, schema, table, s.name)
             task_input = query(pattern, f"{s.name}_input", schema, table,
