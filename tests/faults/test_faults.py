@@ -126,9 +126,11 @@ def test_stale_executor_writes_nothing(db, service_factory):
     task_id = db.insert("SELECT pg_sleep(1.5); SELECT 'first'")
     db.wait_state(task_id, states=("WORK",))
     # simulate another instance taking over: reset the row, claim it with a new attempt and lease
-    db.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", (task_id,))
-    db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() WHERE id = %s",
-               (task_id,))
+    # (in one transaction, so the service's own claim pass never sees the row in PLAN)
+    with db.conn.transaction():
+        db.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", (task_id,))
+        db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() "
+                   "WHERE id = %s", (task_id,))
     wait_for(lambda: "lease lost" in service.output(), 15, message="the stale result to be dropped")
     row = db.task(task_id)
     assert row["state"] == "TAKE" and row["output"] is None and row["attempt"] == 2
