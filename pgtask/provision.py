@@ -87,8 +87,8 @@ COMMENTS: dict[str, str] = {
 }
 # trigger name suffix -> the query names in triggers.sql
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
-INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "parent_idx": "index_parent",
-           "state_idx": "index_state"}
+INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "queue_idx": "index_group",
+           "parent_idx": "index_parent", "state_idx": "index_state"}
 LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
 
 

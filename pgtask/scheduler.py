@@ -98,6 +98,7 @@ class Scheduler:
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
+        self.last_expiry = 0.0
         self._queries: dict[str, sql.Composed] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
         self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
@@ -131,6 +132,9 @@ class Scheduler:
                     make_conninfo(self.conninfo, application_name=f"pg_work {self.entry.schema} "
                                   f"{self.entry.table} {int(self.options.sleep * 1000)}"),
                     autocommit=True, row_factory=dict_row)
+                # The claim walks each group's queue head in index order; a bitmap scan would read the
+                # group's whole backlog (see "claim" in queries.sql).
+                await conn.execute("SET enable_bitmapscan = off")
                 # Tasks still running here keep their liveness locks across a reconnect. A task that
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).
@@ -211,16 +215,19 @@ class Scheduler:
         rows: list[dict] = []
         cur = None
         async with self.control_lock:
-            # One round trip: BEGIN, unlock, claim_lock, claim, next, COMMIT. The commit does not wait
-            # for the WAL flush: a claim lost in a server crash leaves its rows PLAN, and nothing of a
-            # claimed task can become durable before it (the first synchronous commit after it -- the
-            # task's own input or its finish -- flushes the WAL up to the claim): so the claim is never
-            # the reason a task runs twice.
+            # One round trip: BEGIN, unlock, expire (once per sleep), claim_lock, claim, next, COMMIT.
+            # The commit does not wait for the WAL flush: a claim lost in a server crash leaves its
+            # rows PLAN, and nothing of a claimed task can become durable before it (the first
+            # synchronous commit after it -- the task's own input or its finish -- flushes the WAL up
+            # to the claim): so the claim is never the reason a task runs twice.
             async with conn.pipeline(), conn.transaction():
                 await conn.execute("SET LOCAL synchronous_commit = off")
                 if self.to_unlock:
                     ids, self.to_unlock = self.to_unlock, []
                     await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
+                if time.monotonic() - self.last_expiry >= self.options.sleep:
+                    self.last_expiry = time.monotonic()
+                    await conn.execute(self.q("expire"))
                 if room > 0 and self.options.limit > 0:
                     await conn.execute(self.q("claim_lock"), {"oid": self.oid})
                     cur = await conn.execute(self.q("claim"), {"oid": self.oid,

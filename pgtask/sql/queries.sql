@@ -6,43 +6,65 @@
 -- Claims of all service instances on one table take turns, so group counts stay exact.
 SELECT pg_advisory_xact_lock(%(oid)s::bigint)
 
+-- expire --
+-- Due rows past plan + active become GONE (repeating and pausing rows never expire). Run at most
+-- once per pg_task.sleep, not on every claim: it reads every due row; the claim skips expired rows.
+-- "active" > 0 (a CHECK constraint), so an expired row is a due one: the plan index serves it.
+UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
+    "error" = 'ERROR:  task not active'
+WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
+  AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec' AND "max" >= 0
+
 -- claim --
--- Expire, then claim due PLAN rows by remaining group capacity, then id (the manual's order):
--- a group (group + remote) runs max + 1 tasks at once, negative max runs it one at a time.
--- Only the first rows of each group that could be taken (its capacity, plus a few in case some are
--- locked by someone else) are locked, so a deep backlog is not row-locked on every pass.
+-- Claim due PLAN rows by remaining group capacity, then id (the manual's order): a group
+-- (group + remote) runs max + 1 tasks at once; a negative max runs it one at a time.
+-- Bounded by the groups, not by the backlog: the distinct groups with PLAN rows are found by a skip
+-- scan of the group index, and each group reads (and row-locks, skipping rows others hold) only the
+-- head of its queue -- as many rows as it has room for -- in (max, id) order from the same index.
+-- A group whose queue head is mostly far-future rows is read through the plan index instead (the
+-- planner's choice; the control session turns bitmap scans off so that the ordered walk is chosen
+-- when the head is due). The empty remote and no remote share one walk; each keeps its own count.
 -- The claiming session takes each task's liveness lock in the same statement: while the service
 -- that claimed a row is alive, nobody resets it.
-WITH expired AS (
-    -- "active" > 0 (a CHECK constraint), so an expired row is a due one: the plan index serves it
-    UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
-        "error" = 'ERROR:  task not active'
-    WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
-      AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec' AND "max" >= 0
-    RETURNING "id"
+WITH RECURSIVE keys AS (
+    (SELECT t."group" AS g, coalesce(t."remote", '') AS r FROM {table} t WHERE t."state" = 'PLAN'
+     ORDER BY 1, 2 LIMIT 1)
+    UNION ALL
+    SELECT n.g, n.r FROM keys k, LATERAL (
+        SELECT t."group" AS g, coalesce(t."remote", '') AS r FROM {table} t
+        WHERE t."state" = 'PLAN' AND (t."group", coalesce(t."remote", '')) > (k.g, k.r)
+        ORDER BY 1, 2 LIMIT 1) n
 ), running AS (
-    SELECT "group", "remote", count(*) AS n FROM {table}
-    WHERE "state" IN ('TAKE', 'WORK') GROUP BY "group", "remote"
-), candidates AS (
-    SELECT t."id", greatest(t."max", 0) - coalesce(r.n, 0) AS cap,
-           row_number() OVER (PARTITION BY t."group", t."remote" ORDER BY greatest(t."max", 0) DESC, t."id") AS rn
-    FROM {table} t LEFT JOIN running r ON r."group" = t."group" AND r."remote" IS NOT DISTINCT FROM t."remote"
-    WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
-      AND greatest(t."max", 0) - coalesce(r.n, 0) >= 0
-), due AS (
-    SELECT t."id", t."group", t."remote", c.cap
-    FROM candidates c JOIN {table} t ON t."id" = c."id"
-    WHERE c.rn <= c.cap + 9 AND t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
-      AND t."id" NOT IN (SELECT "id" FROM expired)
-    ORDER BY c.cap DESC, t."id"
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
+    SELECT "group" AS g, "remote" AS r, count(*) AS n FROM {table}
+    WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
+), heads AS (
+    SELECT k.g, k.r, greatest(h.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
+    FROM keys k
+    CROSS JOIN LATERAL (SELECT greatest(t."max", 0) AS gmax FROM {table} t
+                        WHERE t."state" = 'PLAN' AND t."group" = k.g AND coalesce(t."remote", '') = k.r
+                        ORDER BY greatest(t."max", 0) DESC LIMIT 1) h
+    LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
+    GROUP BY k.g, k.r, h.gmax
+), locked AS (
+    SELECT c."id", greatest(c."max", 0) - coalesce(run.n, 0) AS cap, c."group", c."remote"
+    FROM heads k CROSS JOIN LATERAL (
+        SELECT t."id", t."group", t."remote", t."max" FROM {table} t
+        WHERE t."state" = 'PLAN' AND t."group" = k.g AND coalesce(t."remote", '') = k.r
+          AND t."plan" <= statement_timestamp()
+          AND (t."plan" + t."active" > statement_timestamp() OR t."repeat" > '0 sec' OR t."max" < 0)
+        ORDER BY greatest(t."max", 0) DESC, t."id"
+        LIMIT k.room
+        FOR UPDATE OF t SKIP LOCKED) c
+    LEFT JOIN running run ON run.g = c."group" AND run.r IS NOT DISTINCT FROM c."remote"
+    WHERE k.room > 0
 ), ranked AS (
-    SELECT "id", cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k
-    FROM due
+    SELECT "id", cap, cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k
+    FROM locked
+), chosen AS (
+    SELECT "id" FROM ranked WHERE k >= 0 ORDER BY cap DESC, "id" LIMIT %(limit)s
 )
 UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
-FROM ranked WHERE t."id" = ranked."id" AND ranked.k >= 0
+FROM chosen WHERE t."id" = chosen."id"
 RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
 
 -- claim_next --

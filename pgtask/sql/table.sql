@@ -52,6 +52,12 @@ CREATE INDEX {index} ON {table} USING btree ("plan") WHERE "state" = 'PLAN'
 -- Group concurrency counts TAKE/WORK rows; orphan detection scans them. Few rows, tiny index.
 CREATE INDEX {index} ON {table} USING btree ("group", "remote") WHERE "state" IN ('TAKE', 'WORK')
 
+-- index_group --
+-- The claim walks each group's queue head in the manual's order (max, then id) and finds the
+-- distinct groups by a skip scan: its cost follows the number of groups, not the backlog.
+CREATE INDEX {index} ON {table} USING btree ("group", coalesce("remote", ''), greatest("max", 0) DESC, "id")
+    WHERE "state" = 'PLAN'
+
 -- index_parent --
 CREATE INDEX {index} ON {table} USING btree ("parent")
 
