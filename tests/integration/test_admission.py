@@ -7,6 +7,7 @@ import threading
 
 import psycopg
 import pytest
+from support import wait_for
 
 
 def test_ten_concurrent_inserters_capacity_five(db):
@@ -121,5 +122,4 @@ def test_repeat_of_a_finished_task_is_admitted(db, service):
     tid = db.insert("SELECT 1", group="g", repeat="1 hour")
     db.wait_state(tid)
     db.execute("UPDATE task_group SET capacity = 0")
-    from tests.conftest import wait_for
     wait_for(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", (tid,)) == 1)

@@ -8,6 +8,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+from support import wait_for
 
 from pgtask.maintenance import KeyExpiry, Maintenance, MaintenanceOptions, Retention
 
@@ -155,14 +156,12 @@ def test_failed_pass_never_blocks_claiming(db, service_factory):
                                    "retention_interval = 0.1\n")
     tid = db.insert("SELECT 42")
     assert db.wait_state(tid)["state"] == "DONE"
-    from tests.conftest import wait_for
     wait_for(lambda: "retention pass failed" in svc.output(), message="a failed retention pass logged")
 
 
 def test_service_deletes_history(db, service_factory):
     tid = db.insert("SELECT 1")
     svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nretention = '0 sec'\nretention_interval = 0.1\n")
-    from tests.conftest import wait_for
     wait_for(lambda: db.task(tid) is None, message=f"task {tid} deleted by retention:\n{svc.output()}")
 
 

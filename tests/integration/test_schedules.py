@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from support import race
+from support import race, wait_for
 
 from pgtask.maintenance import Materialiser
 
@@ -291,7 +291,6 @@ def test_schedule_of_a_role_the_service_cannot_act_as(db):
 def test_service_runs_a_schedule_to_done(db, service_factory):
     svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nschedule_interval = 0.2\n")
     add(db, name="every-second", cron="* * * * * *", input_text="SELECT 'tick'")
-    from tests.conftest import wait_for
     wait_for(lambda: db.value("SELECT count(*) FROM task t JOIN task_occurrence o ON o.task = t.id "
                               "WHERE t.state = 'DONE' AND t.output = 'tick'") >= 2, 20,
              message=f"two scheduled tasks DONE:\n{svc.output()}")
