@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import pglast
@@ -197,17 +198,24 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> s
             f"SET SESSION \"statement_timeout\" = '{int(task.timeout_ms)}'")
 
 
+class NotStarted(Exception):
+    """The task's start was not confirmed (its lease was lost): its input was not sent."""
+
+
 def _raise_if_lost(err: pq.abc.PGresult | None) -> None:
     if wire.lost(err):
         raise psycopg.OperationalError(format_error(err, None))
 
 
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
-                    output_limit: int, spi: bool = False) -> tuple[str | None, str | None]:
+                    output_limit: int, spi: bool = False,
+                    started: Awaitable[bool] | None = None) -> tuple[str | None, str | None]:
     """Run one task's input on ``session``; returns (output, error).
 
     ``spi`` is the entry's pg_task.spi; the author's session value (ALTER SYSTEM/DATABASE/ROLE)
     wins when set, and is read in the preamble's round trip.
+    ``started`` (the fenced TAKE -> WORK write, in flight while the preamble runs) is awaited before
+    the input is sent: if it is False, NotStarted is raised and the input never runs.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
@@ -217,6 +225,8 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
         session.pgconn, preamble(task, schema, table, oid, session.set_role), session.set_role, spi,
         session.encoding)
     _raise_if_lost(err)
+    if started is not None and not await started:
+        raise NotStarted(task.id)
     if err is not None:
         error = format_error(err, task.input, session.encoding)
     elif bad_setting is not None:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import re
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -26,7 +27,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import wire
-from .executor import Connection, Task
+from .executor import Connection, NotStarted, Task
 from .output import Output, format_error, simple_error
 
 if TYPE_CHECKING:
@@ -151,9 +152,11 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
     return RemoteConnection(conn), None
 
 
-async def run(remote: RemoteConnection, task: Task, output_limit: int) -> tuple[str | None, str | None]:
+async def run(remote: RemoteConnection, task: Task, output_limit: int,
+              started: Awaitable[bool] | None = None) -> tuple[str | None, str | None]:
     """Preamble, input, COMMIT of an open transaction: (output, error).
 
+    ``started`` as in executor.run_input: awaited after the preamble; False raises NotStarted.
     Raises psycopg.OperationalError if the connection is lost.
     """
     enc = remote.encoding
@@ -161,6 +164,8 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int) -> tuple[
     out = Output(task.format(), output_limit, enc)
     error: str | None = None
     err = await wire.simple(pgconn, preamble(task), enc)
+    if started is not None and not await started:
+        raise NotStarted(task.id)
     if err is not None:
         error = format_error(err, task.input, enc)
     else:
@@ -194,10 +199,12 @@ async def execute(sched: Scheduler, task: Task) -> None:
                     await sched.finish(task, "", error)
                     return
             sched.inflight[task.id] = (task, remote)
-            if not await sched.mark_work(task, remote.pid):
-                return
             try:
-                output, error = await run(remote, task, sched.options.output_limit)
+                output, error = await run(remote, task, sched.options.output_limit,
+                                          started=sched.start_work(task, remote.pid))
+            except NotStarted:
+                sched.not_started(task)
+                return
             except psycopg.OperationalError as exc:
                 log.warning("task %s: remote connection lost (%s)", task.id, _message(exc).splitlines()[-1])
                 await remote.close()

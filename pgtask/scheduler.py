@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import provision, remote
 from . import sql as named
 from .config import Entry
-from .executor import Session, SessionPool, Task, run_input
+from .executor import NotStarted, Session, SessionPool, Task, run_input
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import simple_error
 
@@ -264,11 +264,15 @@ class Scheduler:
                         return
                     born = task.now
                 self.inflight[task.id] = (task, session)
-                if not await self.mark_work(task, session.pid):
-                    return
                 try:
-                    output, error = await run_input(session, task, self.entry.schema, self.entry.table,
-                                                    self.oid, self.options.output_limit, spi=self.entry.spi)
+                    # the fenced TAKE -> WORK write and the session preamble travel at the same time;
+                    # the input is sent only once the write confirmed the lease
+                    output, error = await run_input(
+                        session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
+                        spi=self.entry.spi, started=self.start_work(task, session.pid))
+                except NotStarted:
+                    self.not_started(task)
+                    return
                 except psycopg.OperationalError as exc:
                     log.warning("task %s: executor connection lost (%s); it will run again", task.id,
                                 str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
@@ -277,10 +281,14 @@ class Scheduler:
                     await self.requeue(task)
                     return
                 done += 1
-                keep_session = task.save
-                task = await self.complete(task, output, error, spawner_max, done, born)
-                if task is not None and not keep_session:
-                    await session.reset()
+                # Unless the task keeps its session (save), the session is cleaned (DISCARD ALL)
+                # while its finish is written.
+                reset = None if task.save else asyncio.ensure_future(session.reset())
+                try:
+                    task = await self.complete(task, output, error, spawner_max, done, born)
+                finally:
+                    if reset is not None:
+                        await reset
         finally:
             if session is not None:
                 await self.sessions.put(session)
@@ -342,12 +350,13 @@ class Scheduler:
                 log.warning("%s: write failed (%s); retrying in %.1fs", name, exc, delay)
                 await asyncio.sleep(delay)
 
-    async def mark_work(self, task: Task, pid: int) -> bool:
-        if not await self._submit("w", task, pid):
-            log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
-            self._release(task)
-            return False
-        return True
+    def start_work(self, task: Task, pid: int) -> asyncio.Future:
+        """The fenced TAKE -> WORK write (group-committed): resolves to False if the lease was lost."""
+        return self._submit("w", task, pid)
+
+    def not_started(self, task: Task) -> None:
+        log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
+        self._release(task)
 
     async def requeue(self, task: Task) -> None:
         await self._write("requeue", task.fence)
