@@ -99,7 +99,7 @@ class Scheduler:
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
         self.last_expiry = 0.0
-        self._queries: dict[str, sql.Composed] = {}
+        self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
         self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
         self.flushers: set[asyncio.Task] = set()
@@ -107,12 +107,13 @@ class Scheduler:
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
 
     # -- queries -------------------------------------------------------------------------------
-    def q(self, name: str) -> sql.Composed:
+    def q(self, name: str) -> str:
+        """A named query of queries.sql for this table, rendered once (psycopg then caches its parse)."""
         if name not in self._queries:
             cols_t = ", ".join(f"t.{c.strip()}" for c in self.copy_columns.split(",")) if self.copy_columns else ""
             self._queries[name] = sql.SQL(named.query("queries.sql", name)).format(
                 table=self.table, task_columns=sql.SQL(TASK_COLUMNS),
-                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t))
+                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t)).as_string(None)
         return self._queries[name]
 
     async def refresh_columns(self, conn: psycopg.AsyncConnection) -> None:
@@ -133,8 +134,9 @@ class Scheduler:
                                   f"{self.entry.table} {int(self.options.sleep * 1000)}"),
                     autocommit=True, row_factory=dict_row)
                 # The claim walks each group's queue head in index order; a bitmap scan would read the
-                # group's whole backlog (see "claim" in queries.sql).
-                await conn.execute("SET enable_bitmapscan = off")
+                # group's whole backlog (see "claim" in queries.sql). Nothing this connection writes
+                # needs to wait for the WAL flush (claims, resets: see claim_pass).
+                await conn.execute("SET enable_bitmapscan = off; SET synchronous_commit = off")
                 # Tasks still running here keep their liveness locks across a reconnect. A task that
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).
@@ -215,23 +217,23 @@ class Scheduler:
         rows: list[dict] = []
         cur = None
         async with self.control_lock:
-            # One round trip: BEGIN, unlock, expire (once per sleep), claim_lock, claim, next, COMMIT.
-            # The commit does not wait for the WAL flush: a claim lost in a server crash leaves its
-            # rows PLAN, and nothing of a claimed task can become durable before it (the first
-            # synchronous commit after it -- the task's own input or its finish -- flushes the WAL up
-            # to the claim): so the claim is never the reason a task runs twice.
+            # One round trip: BEGIN, expire (once per sleep), claim lock + unlock, claim, next, COMMIT.
+            # The commit does not wait for the WAL flush (synchronous_commit is off on this session):
+            # a claim lost in a server crash leaves its rows PLAN, and nothing of a claimed task can
+            # become durable before it (the first synchronous commit after it -- the task's own input
+            # or its finish -- flushes the WAL up to the claim): so the claim is never the reason a
+            # task runs twice.
             async with conn.pipeline(), conn.transaction():
-                await conn.execute("SET LOCAL synchronous_commit = off")
-                if self.to_unlock:
-                    ids, self.to_unlock = self.to_unlock, []
-                    await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
                 if time.monotonic() - self.last_expiry >= self.options.sleep:
                     self.last_expiry = time.monotonic()
                     await conn.execute(self.q("expire"))
+                ids, self.to_unlock = self.to_unlock, []
                 if room > 0 and self.options.limit > 0:
-                    await conn.execute(self.q("claim_lock"), {"oid": self.oid})
+                    await conn.execute(self.q("claim_lock"), {"oid": self.oid, "ids": ids})
                     cur = await conn.execute(self.q("claim"), {"oid": self.oid,
                                                                "limit": min(room, self.options.limit)})
+                elif ids:
+                    await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
                 cur_next = await conn.execute(self.q("next"))
             if cur is not None:
                 rows = await cur.fetchall()
@@ -420,21 +422,17 @@ class Scheduler:
             "w_lease": [t.lease for t, _, _ in works], "w_pid": [p for _, p, _ in works],
             "f_id": [t.id for t, _, _ in finishes], "f_attempt": [t.attempt for t, _, _ in finishes],
             "f_lease": [t.lease for t, _, _ in finishes], "f_output": [p[0] for _, p, _ in finishes],
-            "f_error": [p[1] for _, p, _ in finishes]}
+            "f_error": [p[1] for _, p, _ in finishes],
+            # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash, the rows
+            # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
+            # durable before this (its own commits flush the WAL up to it).
+            "sync": "on" if finishes else "off"}
         deletes = [t for t, (out, err), _ in finishes if t.delete and out is None and err is None]
         backoff = Backoff()
         while True:
             try:
                 async with self.writers.connection() as conn:
-                    if not finishes:
-                        # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash,
-                        # the rows are TAKE again (reset, run again -- as for a crash mid-run); nothing
-                        # of the input is durable before this (its own commits flush the WAL up to it).
-                        async with conn.pipeline(), conn.transaction():
-                            await conn.execute("SET LOCAL synchronous_commit = off")
-                            cur = await conn.execute(self.q("flush"), params)
-                        matched = set(await cur.fetchall())
-                    elif deletes:
+                    if deletes:
                         async with conn.transaction():
                             cur = await conn.execute(self.q("flush"), params)
                             matched = set(await cur.fetchall())
@@ -459,6 +457,8 @@ class Scheduler:
                 for task, (output, error), fut in finishes:
                     fut.set_result(await self._finish_one(task, output, error, release=False))
                 return
+        if any(kind == "r" for kind, _ in matched):
+            self.wake.set()  # a repeat was inserted: its plan may be the next deadline
         for task, _, fut in works:
             fut.set_result(("w", task.id) in matched)
         for task, _, fut in finishes:
@@ -518,7 +518,7 @@ class Scheduler:
             return None
         try:
             async with self.control.transaction():
-                await self.control.execute(self.q("claim_lock"), {"oid": self.oid})
+                await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": []})
                 cur = await self.control.execute(self.q("claim_next"), {
                     "oid": self.oid, "group": task.group, "remote": task.remote, "max": spawner_max,
                     "done": done, "born": born})

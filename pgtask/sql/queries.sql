@@ -3,8 +3,11 @@
 -- A claimed row carries attempt + lease; every later write is fenced on both.
 
 -- claim_lock --
--- Claims of all service instances on one table take turns, so group counts stay exact.
-SELECT pg_advisory_xact_lock(%(oid)s::bigint)
+-- Claims of all service instances on one table take turns, so group counts stay exact. The same
+-- statement drops the liveness locks of tasks finished since the last claim.
+SELECT pg_advisory_xact_lock(%(oid)s::bigint),
+       (SELECT count(*) FILTER (WHERE pg_advisory_unlock((%(oid)s::bigint << 32) | (id & 4294967295)))
+        FROM unnest(%(ids)s::bigint[]) AS id)
 
 -- expire --
 -- Due rows past plan + active become GONE (repeating and pausing rows never expire). Run at most
@@ -173,9 +176,13 @@ WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
 -- Group commit: the TAKE -> WORK transitions and the finishes of many tasks in one statement (one
 -- commit). Each row stays fenced on attempt + lease exactly as in "work" and "finish"; a finished
 -- row's next repeat is inserted from the finish's own result (so a row the finish did not match is
--- never repeated). Returns the rows that matched: kind 'w' (now WORK) or 'f' (finished).
+-- never repeated). Returns the rows that matched: kind 'w' (now WORK), 'f' (finished), 'r' (repeat).
 -- A failing trigger fails the whole statement: the service then writes each row on its own.
-WITH w AS (
+-- The statement is its own transaction; it commits without waiting for the WAL flush when it holds
+-- only TAKE -> WORK transitions (%(sync)s = 'off'; see Scheduler._flush for why that is safe). It
+-- sends no wake-up notification (pgtask.quiet): the service wakes itself when it inserted a repeat.
+WITH sync AS MATERIALIZED (SELECT set_config('synchronous_commit', %(sync)s, true),
+                                  set_config('pgtask.quiet', 'on', true)), w AS (
     UPDATE {table} t SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = b.pid
     FROM unnest(%(w_id)s::bigint[], %(w_attempt)s::int4[], %(w_lease)s::uuid[], %(w_pid)s::int4[])
          AS b(id, attempt, lease, pid)
@@ -202,8 +209,10 @@ WITH w AS (
     FROM f t, LATERAL (SELECT greatest(floor(extract(epoch FROM statement_timestamp() - t."plan")
                                                  / extract(epoch FROM t."repeat")), 0)::bigint AS k0) e
     WHERE t."state" IN ('DONE', 'FAIL') AND t."repeat" > '0 sec'
+    RETURNING "id"
 )
-SELECT 'w' AS kind, "id" FROM w UNION ALL SELECT 'f', "id" FROM f
+SELECT 'w' AS kind, "id" FROM w UNION ALL SELECT 'f', "id" FROM f UNION ALL SELECT 'r', "id" FROM r
+UNION ALL SELECT 's', 0 FROM sync
 
 -- flush_delete --
 -- As finish_delete, for the batch's finished rows without output and error.

@@ -3,11 +3,15 @@
 
 -- wake_up --
 -- Statement-level wake-up: a NOTIFY on the table's channel. Notifications are hints; the service
--- also polls, so a lost or coalesced one only delays a task until the next poll.
+-- also polls, so a lost or coalesced one only delays a task until the next poll. The service's own
+-- writes (the next repeat inserted with a finish) say pgtask.quiet = on: it wakes itself, and its
+-- commits do not queue behind the cluster-wide notification lock.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
-    PERFORM pg_notify({channel}, 'wake');
+    IF current_setting('pgtask.quiet', true) IS DISTINCT FROM 'on' THEN
+        PERFORM pg_notify({channel}, 'wake');
+    END IF;
     RETURN NULL;
 END
 $body$
