@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pglast
@@ -102,6 +103,14 @@ class Connection:
         return self.conn.info.encoding
 
 
+# DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
+# role, temporary tables, prepared statements, cursors, LISTEN, advisory locks, sequence state);
+# cached plans are not visible state -- keeping them spares re-planning the start function and the
+# table's triggers for every task.
+RESET_SESSION = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+                 "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+
+
 class Session(Connection):
     """One executor connection: a task author's session (or the service's, in set_role mode)."""
 
@@ -114,7 +123,7 @@ class Session(Connection):
         """Back to a clean session (the manual: unless save, nothing carries to the next task)."""
         if not self.dirty:
             return
-        err = await wire.simple(self.pgconn, "DISCARD ALL", self.encoding)
+        err = await wire.simple(self.pgconn, RESET_SESSION, self.encoding)
         if err is not None:
             raise psycopg.OperationalError(format_error(err, None))
         self.dirty = False
@@ -179,9 +188,9 @@ class SessionPool:
 
 @functools.lru_cache(maxsize=1024)
 def _settings(group: str, schema: str, table: str, oid: int) -> str:
-    """The preamble's part that is the same for every task of a group (quoted once, then cached)."""
-    return "; ".join(
-        sql.SQL("SET SESSION {} = {}").format(sql.Identifier(name), sql.Literal(value)).as_string(None)
+    """The preamble's settings that are the same for every task of a group (quoted once, then cached)."""
+    return ", ".join(
+        sql.SQL("set_config({}, {}, false)").format(sql.Literal(name), sql.Literal(value)).as_string(None)
         for name, value in (("pg_task.group", group), ("pg_task.schema", schema), ("pg_task.table", table),
                             ("pg_task.oid", str(oid)), ("application_name", f"pg_task {schema} {table} {group}")))
 
@@ -191,11 +200,40 @@ def _set_role(user: str) -> str:
     return sql.SQL("SET ROLE {}; ").format(sql.Identifier(user)).as_string(None)
 
 
+@functools.lru_cache(maxsize=64)
+def _start_function(schema: str, table: str) -> str:
+    from .provision import function_name
+    return sql.Identifier(schema, function_name(table, "start")).as_string(None)
+
+
 def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> str:
-    """Session settings for one task: what the manual's pg_task worker sets before input."""
-    return (f"{_set_role(task.user) if set_role else ''}SET SESSION \"pg_task.id\" = '{int(task.id)}'; "
-            f"{_settings(task.group, schema, table, oid)}; "
-            f"SET SESSION \"statement_timeout\" = '{int(task.timeout_ms)}'")
+    """What the manual's pg_task worker sets before input (session settings pg_task.id, .group,
+    .schema, .table, .oid, application_name, statement_timeout), then, in the same statement: the
+    task's start (the table's start function: the fenced TAKE -> WORK write, see triggers.sql) and
+    the author's pg_task.spi. One round trip and one transaction, which commits without waiting for
+    the WAL flush, as the service's own TAKE -> WORK writes. Its one row: (started, spi, ...).
+    """
+    return (f"{_set_role(task.user) if set_role else ''}"
+            f"SELECT {_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, "
+            f"'{uuid.UUID(str(task.lease))}'::uuid), {spi_mode.setting(set_role)}, "
+            f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
+            f"set_config('statement_timeout', '{int(task.timeout_ms)}', false), "
+            "set_config('synchronous_commit', 'off', true)")
+
+
+async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | None, bool, str | None]:
+    """(error result, started?, the author's pg_task.spi) of preamble(); on an error nothing of it
+    took effect (one implicit transaction)."""
+    await wire.send(session.pgconn, text, session.encoding)
+    error, started, value = None, False, None
+    while (res := await wire.next_result(session.pgconn)) is not None:
+        if res.status == pq.ExecStatus.FATAL_ERROR and error is None:
+            error = res
+        elif res.status == pq.ExecStatus.TUPLES_OK and res.ntuples == 1:
+            started = res.get_value(0, 0) == b"t"
+            raw = res.get_value(0, 1)
+            value = raw.decode(session.encoding) if raw is not None else None
+    return error, started and error is None, value
 
 
 class NotStarted(Exception):
@@ -209,23 +247,25 @@ def _raise_if_lost(err: pq.abc.PGresult | None) -> None:
 
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
                     output_limit: int, spi: bool = False,
-                    started: Awaitable[bool] | None = None) -> tuple[str | None, str | None]:
+                    start_work: Callable[[], Awaitable[bool]] | None = None) -> tuple[str | None, str | None]:
     """Run one task's input on ``session``; returns (output, error).
 
     ``spi`` is the entry's pg_task.spi; the author's session value (ALTER SYSTEM/DATABASE/ROLE)
     wins when set, and is read in the preamble's round trip.
-    ``started`` (the fenced TAKE -> WORK write, in flight while the preamble runs) is awaited before
-    the input is sent: if it is False, NotStarted is raised and the input never runs.
+    The task's fenced TAKE -> WORK write (state, start, this session's pid) is made by the session
+    itself in the preamble's round trip; if the lease was lost, NotStarted is raised and the input
+    never runs. If the preamble fails, ``start_work`` writes it the service's way first.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
     session.dirty = True
     error: str | None = None
-    err, bad_setting, use_spi = await spi_mode.preamble(
-        session.pgconn, preamble(task, schema, table, oid, session.set_role), session.set_role, spi,
-        session.encoding)
+    err, started, spi_value = await run_preamble(session, preamble(task, schema, table, oid, session.set_role))
     _raise_if_lost(err)
-    if started is not None and not await started:
+    use_spi, bad_setting = spi_mode.use_spi(spi_value, spi) if err is None else (spi, None)
+    if err is not None and start_work is not None:
+        started = await start_work()
+    if not started:
         raise NotStarted(task.id)
     if err is not None:
         error = format_error(err, task.input, session.encoding)

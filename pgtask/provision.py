@@ -87,6 +87,8 @@ COMMENTS: dict[str, str] = {
 }
 # trigger name suffix -> the query names in triggers.sql
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
+# functions without a trigger in triggers.sql: name suffix -> number of arguments
+FUNCTIONS = {"start": 3}
 INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "queue_idx": "index_group",
            "parent_idx": "index_parent", "state_idx": "index_state"}
 LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
@@ -308,18 +310,18 @@ class TableProvisioner:
         c = self.conn
         cur = await c.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal", (oid,))
         have_triggers = {r[0] for r in await cur.fetchall()}
-        for kind in TRIGGERS:
-            fn_name = _ident_name(f"{self.table}_{kind}")
+        for kind, nargs in (*((k, 0) for k in TRIGGERS), *FUNCTIONS.items()):
+            fn_name = function_name(self.table, kind)
             fn = sql.Identifier(self.schema, fn_name)
             create_fn = self.q("triggers.sql", kind, fn=fn, channel=sql.Literal(channel(oid)))
             text = create_fn.as_string(c)
             body = text.split("$body$")[1]
             row = await _one(c, """SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-                WHERE n.nspname = %s AND p.proname = %s AND p.pronargs = 0""", (self.schema, fn_name))
+                WHERE n.nspname = %s AND p.proname = %s AND p.pronargs = %s""", (self.schema, fn_name, nargs))
             if row is None or row[0] != body:
                 await c.execute(create_fn)
                 self.report.add(f"{'created' if row is None else 'replaced'} function {self.schema}.{fn_name}")
-            if fn_name not in have_triggers:
+            if kind in TRIGGERS and fn_name not in have_triggers:
                 await c.execute(self.q("triggers.sql", f"{kind}_trigger", fn=fn,
                                        trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name} on {self.name}")
@@ -390,6 +392,11 @@ EXTRA_FUNCTIONS = {"capacity": ("capacity", "table"), "enqueue": ("enqueue", Non
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_wake": ("schedule_wake", "schedule")}
+
+
+def function_name(table: str, kind: str) -> str:
+    """The name of a table's trigger function or helper function (``<table>_<kind>``)."""
+    return _ident_name(f"{table}_{kind}")
 
 
 def _ident_name(name: str) -> str:

@@ -10,6 +10,7 @@ Connections (all as the entry's role, in the entry's database):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -167,9 +168,15 @@ class Scheduler:
             log.info("%s: %s", self.entry.label(), action)
         await self.refresh_columns(self.control)
         self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
-                                           kwargs={"autocommit": True}, timeout=10)
+                                           kwargs={"autocommit": True}, timeout=10, configure=self._writer)
         await self.writers.open(wait=True, timeout=30)
         await self.reset_orphans()
+
+    @staticmethod
+    async def _writer(conn: psycopg.AsyncConnection) -> None:
+        # The batched writes take their rows as arrays: the planner's custom plans for them cost
+        # more than running them (and look no better than the generic plan).
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -267,11 +274,9 @@ class Scheduler:
                     born = task.now
                 self.inflight[task.id] = (task, session)
                 try:
-                    # the fenced TAKE -> WORK write and the session preamble travel at the same time;
-                    # the input is sent only once the write confirmed the lease
                     output, error = await run_input(
                         session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
-                        spi=self.entry.spi, started=self.start_work(task, session.pid))
+                        spi=self.entry.spi, start_work=functools.partial(self.start_work, task, session.pid))
                 except NotStarted:
                     self.not_started(task)
                     return

@@ -51,28 +51,20 @@ def parse_bool(value: str) -> bool | None:
     return True if low in TRUE else False if low in FALSE else None
 
 
-async def preamble(pgconn: pq.abc.PGconn, text: str, set_role: bool, default: bool,
-                   encoding: str) -> tuple[pq.abc.PGresult | None, str | None, bool]:
-    """Run the session preamble and read pg_task.spi in the same round trip.
+def setting(set_role: bool) -> str:
+    """A scalar subquery: the author's effective pg_task.spi (NULL: not set)."""
+    return f"({SETTING_SET_ROLE if set_role else SETTING_LOGIN})"
 
-    Returns (preamble error result, a refusal text for a bad pg_task.spi value, use SPI?).
-    """
-    await wire.send(pgconn, f"{text}; {SETTING_SET_ROLE if set_role else SETTING_LOGIN}", encoding)
-    error = None
-    value = None
-    while (res := await wire.next_result(pgconn)) is not None:
-        if res.status == E.FATAL_ERROR and error is None:
-            error = res
-        elif res.status == E.TUPLES_OK and res.ntuples == 1:
-            raw = res.get_value(0, 0)
-            value = raw.decode(encoding) if raw is not None else None
-    if error is not None or value is None:
-        return error, None, default
+
+def use_spi(value: str | None, default: bool) -> tuple[bool, str | None]:
+    """(use SPI?, the task's error text when the value is not a boolean) for a read setting()."""
+    if value is None:
+        return default, None
     flag = parse_bool(value)
     if flag is None:
-        return None, "\n".join([simple_error(f'invalid value for parameter "pg_task.spi": "{value}"'),
-                                'HINT:  "pg_task.spi" requires a Boolean value']), False
-    return None, None, flag
+        return False, "\n".join([simple_error(f'invalid value for parameter "pg_task.spi": "{value}"'),
+                                  'HINT:  "pg_task.spi" requires a Boolean value'])
+    return flag, None
 
 
 def refusal(text: str) -> tuple[int, str] | None:

@@ -78,6 +78,21 @@ $body$
 -- insert_trigger --
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
 
+-- start --
+-- A local task's executor session marks its own task WORK -- state, start, its backend pid -- in
+-- the round trip of the session preamble, fenced on attempt + lease like every write of the
+-- service. Only a session whose login role may act as the task's role passes: the task's author,
+-- or the service in execute_as = set_role.
+CREATE OR REPLACE FUNCTION {fn}(task_id bigint, task_attempt integer, task_lease uuid) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = pg_backend_pid()
+    WHERE "id" = task_id AND "attempt" = task_attempt AND "lease" = task_lease
+      AND "state" IN ('TAKE', 'WORK') AND pg_has_role(session_user, "user", 'MEMBER');
+    RETURN FOUND;
+END
+$body$
+
 -- update --
 -- The state machine and the column guards, in one place:
 --   "user", "group", "remote", "parent" never change;

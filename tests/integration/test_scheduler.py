@@ -291,3 +291,11 @@ def test_live_reuses_the_session_for_a_while(db, service):
     """live > 0: one executor session takes the group's next tasks while it is younger than live."""
     ids = [db.insert("SELECT pg_backend_pid()", group="alive", live="1 hour", header=False) for _ in range(4)]
     assert len({db.wait_state(i)["output"] for i in ids}) == 1
+
+
+def test_start_and_pid_are_the_executor_sessions(db, service):
+    task_id = db.insert("SELECT pg_backend_pid(), statement_timestamp()", header=False)
+    row = db.wait_state(task_id)
+    pid, stamp = row["output"].split("\t")
+    assert row["state"] == "DONE" and row["pid"] == int(pid)
+    assert row["start"] <= db.value("SELECT %s::timestamptz", (stamp,)) <= row["stop"]

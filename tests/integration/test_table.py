@@ -203,3 +203,27 @@ def test_wake_up_notifies(db):
         db.insert("SELECT 1")
         got = list(listener.notifies(timeout=5, stop_after=1))
     assert got and got[0].payload == "wake"
+
+
+def test_start_function_starts_only_its_own_claimed_task(db):
+    """task_start (called by the executor session in its preamble) moves TAKE -> WORK with the
+    caller's backend pid, fenced on attempt + lease, and only for a member of the task's role."""
+    db.role("carol")
+    db.role("mallory")
+    with db.connect("carol") as carol:
+        task_id = carol.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+    planned = db.insert("SELECT 1")
+    attempt, lease = db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() "
+                                "WHERE id = %s RETURNING attempt, lease", (task_id,))[0]
+    with db.connect("mallory") as mallory:
+        assert mallory.execute("SELECT task_start(%s, %s, %s)", (task_id, attempt, lease)).fetchone()[0] is False
+    with db.connect("carol") as carol:
+        assert carol.execute("SELECT task_start(%s, %s, gen_random_uuid())", (task_id, attempt)).fetchone()[0] is False
+        assert carol.execute("SELECT task_start(%s, %s, %s)", (task_id, attempt + 1, lease)).fetchone()[0] is False
+        assert db.task(task_id)["state"] == "TAKE"
+        assert carol.execute("SELECT task_start(%s, %s, %s)", (task_id, attempt, lease)).fetchone()[0] is True
+        row = db.task(task_id)
+        assert (row["state"], row["pid"]) == ("WORK", carol.info.backend_pid) and row["start"] is not None
+    lease = db.value("SELECT lease FROM task WHERE id = %s", (planned,))
+    assert db.value("SELECT task_start(%s, 0, %s)", (planned, lease)) is False  # PLAN is not started
+    assert db.task(planned)["state"] == "PLAN"
