@@ -11,6 +11,7 @@ How a task takes its author's role (``[pgtask] execute_as``):
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import uuid
@@ -106,27 +107,35 @@ class Connection:
 # DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
 # role, temporary tables, prepared statements, cursors, LISTEN, advisory locks, sequence state);
 # cached plans are not visible state -- keeping them spares re-planning the start function and the
-# table's triggers for every task.
+# table's triggers for every task. Unlike DISCARD ALL it may run inside the next task's preamble.
 RESET_SESSION = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
                  "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
 
 
 class Session(Connection):
-    """One executor connection: a task author's session (or the service's, in set_role mode)."""
+    """One executor connection: a task author's session (or the service's, in set_role mode).
+
+    A session a task ran on needs a reset before the next task (the manual: unless save, nothing
+    carries over). When the next task follows at once, the reset travels in its preamble's round
+    trip; a session left idle is reset on its own after RESET_DELAY seconds, so what a task left
+    behind (an advisory lock, a LISTEN) does not outlive it for longer than that.
+    """
+
+    RESET_DELAY = 0.02
 
     def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool):
         super().__init__(conn)
         self.user, self.set_role = user, set_role
-        self.dirty = False
+        self.needs_reset = False
 
     async def reset(self) -> None:
-        """Back to a clean session (the manual: unless save, nothing carries to the next task)."""
-        if not self.dirty:
+        """Back to a clean session now."""
+        if not self.needs_reset:
             return
         err = await wire.simple(self.pgconn, RESET_SESSION, self.encoding)
         if err is not None:
             raise psycopg.OperationalError(format_error(err, None))
-        self.dirty = False
+        self.needs_reset = False
 
 
 class SessionPool:
@@ -137,6 +146,7 @@ class SessionPool:
         self.idle: dict[str, list[Session]] = {}
         self.idle_per_user = idle_per_user
         self.no_login: set[str] = set()
+        self.resets: set[asyncio.Task] = set()
 
     async def get(self, user: str, application_name: str) -> Session:
         pool = self.idle.get(user)
@@ -165,21 +175,36 @@ class SessionPool:
     async def put(self, session: Session) -> None:
         if session.conn.closed:
             return
+        pool = self.idle.setdefault(session.user, [])
+        if len(pool) >= self.idle_per_user:
+            await session.conn.close()
+            return
+        pool.append(session)
+        if session.needs_reset:
+            t = asyncio.create_task(self._reset_idle(session), name=f"reset session {session.pid}")
+            self.resets.add(t)
+            t.add_done_callback(self.resets.discard)
+
+    async def _reset_idle(self, session: Session) -> None:
+        await asyncio.sleep(Session.RESET_DELAY)
+        pool = self.idle.get(session.user, [])
+        if session not in pool or not session.needs_reset:
+            return  # taken meanwhile: its next preamble resets it
+        pool.remove(session)
         try:
             await session.reset()
         except psycopg.Error:
             await session.conn.close()
             return
-        pool = self.idle.setdefault(session.user, [])
-        if len(pool) < self.idle_per_user:
-            pool.append(session)
-        else:
-            await session.conn.close()
+        await self.put(session)
 
     async def discard(self, session: Session) -> None:
         await session.conn.close()
 
     async def close(self) -> None:
+        for t in list(self.resets):
+            t.cancel()
+        await asyncio.gather(*self.resets, return_exceptions=True)
         for pool in self.idle.values():
             for session in pool:
                 await session.conn.close()
@@ -206,14 +231,15 @@ def _start_function(schema: str, table: str) -> str:
     return sql.Identifier(schema, function_name(table, "start")).as_string(None)
 
 
-def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool) -> str:
+def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False) -> str:
     """What the manual's pg_task worker sets before input (session settings pg_task.id, .group,
     .schema, .table, .oid, application_name, statement_timeout), then, in the same statement: the
     task's start (the table's start function: the fenced TAKE -> WORK write, see triggers.sql) and
     the author's pg_task.spi. One round trip and one transaction, which commits without waiting for
     the WAL flush, as the service's own TAKE -> WORK writes. Its one row: (started, spi, ...).
+    ``reset``: the session is first reset from its previous task (RESET_SESSION).
     """
-    return (f"{_set_role(task.user) if set_role else ''}"
+    return (f"{RESET_SESSION + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
             f"SELECT {_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, "
             f"'{uuid.UUID(str(task.lease))}'::uuid), {spi_mode.setting(set_role)}, "
             f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
@@ -229,7 +255,7 @@ async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | N
     while (res := await wire.next_result(session.pgconn)) is not None:
         if res.status == pq.ExecStatus.FATAL_ERROR and error is None:
             error = res
-        elif res.status == pq.ExecStatus.TUPLES_OK and res.ntuples == 1:
+        elif res.status == pq.ExecStatus.TUPLES_OK and res.ntuples == 1 and res.nfields > 2:
             started = res.get_value(0, 0) == b"t"
             raw = res.get_value(0, 1)
             value = raw.decode(session.encoding) if raw is not None else None
@@ -258,10 +284,11 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
-    session.dirty = True
     error: str | None = None
-    err, started, spi_value = await run_preamble(session, preamble(task, schema, table, oid, session.set_role))
+    err, started, spi_value = await run_preamble(
+        session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset))
     _raise_if_lost(err)
+    session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
     use_spi, bad_setting = spi_mode.use_spi(spi_value, spi) if err is None else (spi, None)
     if err is not None and start_work is not None:
         started = await start_work()

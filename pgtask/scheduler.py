@@ -288,14 +288,10 @@ class Scheduler:
                     await self.requeue(task)
                     return
                 done += 1
-                # Unless the task keeps its session (save), the session is cleaned (DISCARD ALL)
-                # while its finish is written.
-                reset = None if task.save else asyncio.ensure_future(session.reset())
-                try:
-                    task = await self.complete(task, output, error, spawner_max, done, born)
-                finally:
-                    if reset is not None:
-                        await reset
+                keep_session = task.save
+                task = await self.complete(task, output, error, spawner_max, done, born)
+                if keep_session and task is not None:
+                    session.needs_reset = False  # save: the group's next task inherits the session as is
         finally:
             if session is not None:
                 await self.sessions.put(session)

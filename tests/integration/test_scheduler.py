@@ -172,6 +172,20 @@ def test_without_save_the_session_is_reset(db, service):
     assert rows[0][0] == "DONE" and rows[1][0] == "FAIL" and 'relation "t" does not exist' in rows[1][1]
 
 
+def test_a_tasks_leftovers_do_not_outlive_it(db, service):
+    """A pooled session is reset after its task: an advisory lock the task kept is released soon
+    after it finished (the idle session's reset), and the next task of the role on that session
+    sees neither the temp table nor the setting."""
+    first = db.insert("SELECT pg_advisory_lock(4242); CREATE TEMP TABLE left_over (a int); "
+                      "SET work_mem = '7MB'; SELECT pg_backend_pid()", header=False)
+    pid = int(db.wait_state(first)["output"].split("\n")[-1])
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242") == 0,
+             5, message="the advisory lock to be released")
+    second = db.insert("SELECT pg_backend_pid(), current_setting('work_mem'), to_regclass('pg_temp.left_over')",
+                       header=False)
+    assert db.wait_state(second)["output"] == f"{pid}\t4MB\t\\N"  # the same session, clean
+
+
 def test_run_caps_tasks_in_flight(db, service_factory):
     db.execute("CREATE TABLE ran (id bigint, at timestamptz, until timestamptz)")
     service_factory(db.name, "[pg_task]\nrun = 2\n")
