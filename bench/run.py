@@ -1,12 +1,14 @@
 """The side-by-side benchmark (issue 8): one throwaway PostgreSQL 15 cluster, one table of results.
 
-    .venv/bin/python -m bench.run                 # everything, about 5-8 minutes
+    .venv/bin/python -m bench.run                 # everything, about 12 minutes
     .venv/bin/python -m bench.run --only pgtask   # a subset: names below, comma-separated
     .venv/bin/python -m bench.run --scale 0.3     # fewer tasks per run (a quick look)
 
 Sections (--only): pgbench, pgtask, peers, pickup, claim, remote.
 
-How each figure is taken (all on the same cluster: synchronous_commit = on, fsync = on):
+How each figure is taken (all on the same cluster: synchronous_commit = on, fsync = on). Every
+throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (default 3): this kind of
+machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
 - pgtask throughput: `pgtask run` is started as a subprocess on a fresh database and is ready and
   idle; then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
@@ -18,7 +20,8 @@ How each figure is taken (all on the same cluster: synchronous_commit = on, fsyn
 - claim: the scheduler's claim transaction (claim_lock + claim + next) with one due row, median
   of 200, with 1,000 and then 1,000,000 rows planned a year ahead.
 - remote: 1,000 tasks `SELECT pg_sleep(1)`, each with `remote` pointing at this cluster, each its
-  own group, one service process; wall = max(stop) - insert time; VmHWM of the service.
+  own group, one service process; wall = max(stop) - insert time; VmHWM of the service. Next to it
+  the floor: 1,000 concurrent plain psycopg connections each running pg_sleep(1), without pgtask.
 - idle RSS: the service's VmRSS after it is ready and 3 s idle (one scheduler).
 
 Prints numbers; asserts nothing (a measurement, not a test).
@@ -27,8 +30,8 @@ Prints numbers; asserts nothing (a measurement, not a test).
 from __future__ import annotations
 
 import argparse
-import logging
 import asyncio
+import logging
 import os
 import platform
 import re
@@ -62,7 +65,7 @@ def free_port() -> int:
 def proc_status(pid: int, key: str) -> float:
     """A /proc/PID/status figure in MB (VmRSS, VmHWM)."""
     text = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.M).group(1)) / 1024
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE).group(1)) / 1024
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,8 +75,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Bench:
-    def __init__(self, scale: float):
-        self.scale = scale
+    def __init__(self, scale: float, repeat: int = 3):
+        self.scale, self.repeat = scale, repeat
         self.base = Path(tempfile.mkdtemp(prefix="pgtask-bench-"))
         self.cluster = Cluster(base=self.base, bindir=debian_bindir(15), port=free_port())
         self.rows: list[tuple[str, str, str]] = []  # (what, figure, ratio/notes)
@@ -118,10 +121,11 @@ class Bench:
         subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
                        capture_output=True)
         for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
-            out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
-                                 env=env, check=True, capture_output=True, text=True).stdout
-            tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
-            self.record(key, f"pgbench {flag} (4 clients)", tps, "TPS")
+            def measure(flag: str = flag) -> tuple[float, str]:
+                out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
+                                     env=env, check=True, capture_output=True, text=True).stdout
+                return float(re.search(r"tps = ([\d.]+)", out).group(1)), ""
+            self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", measure)
 
     # -- the service ---------------------------------------------------------------------------
     def service(self, dbname: str, extra: str = "") -> subprocess.Popen:
@@ -167,8 +171,25 @@ class Bench:
                 raise RuntimeError(f"only {done} of {n} tasks finished in {timeout}s")
             time.sleep(0.05)
 
-    def run_tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str,
-                  remote: str | None = None, note: str = "") -> tuple[float, subprocess.Popen | None]:
+    def repeated(self, key: str, what: str, unit: str, measure) -> None:
+        """Record the median of --repeat runs of ``measure()`` -> (rate, note): this machine's speed
+        drifts by 10-20 % from minute to minute, one run is not a figure."""
+        runs = [measure() for _ in range(self.repeat)]
+        rates = [r for r, _ in runs]
+        mid = statistics.median(rates)
+        note = next(n for r, n in runs if r == mid) if mid in rates else runs[0][1]
+        spread = f"median of {len(rates)}: " + ", ".join(f"{r:,.0f}" for r in rates) if len(rates) > 1 else ""
+        self.record(key, what, mid, unit, " ".join(x for x in (note, spread) if x))
+
+    def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str) -> None:
+        def measure() -> tuple[float, str]:
+            wall, _, cpu = self.run_tasks(n, groups, max_, body)
+            return n / wall, f"(service CPU {cpu / wall:.0%} of one core)"
+        self.repeated(key, what, "tasks/s", measure)
+
+    def run_tasks(self, n: int, groups: int, max_: int, body: str,
+                  remote: str | None = None) -> tuple[float, float, float]:
+        """(wall s, service VmHWM MB, service CPU s) of n tasks inserted at once."""
         db = self.database()
         proc = self.service(db)
         try:
@@ -187,31 +208,28 @@ class Bench:
                     err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
                     print(f"  !! {fails} tasks not DONE, e.g. {err}")
             cpu = cpu_seconds(proc.pid) - cpu0
-            self.record(key, what, n / wall, "tasks/s", note or f"(service CPU {cpu / wall:.0%} of one core)")
             hwm = proc_status(proc.pid, "VmHWM")
         finally:
             self.stop(proc)
-        return wall, hwm
+        return wall, hwm, cpu
 
     def pgtask(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
-            self.run_tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
-            self.run_tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
-            self.run_tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
+            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
+            self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
+            self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
 
     # -- peers ---------------------------------------------------------------------------------
     def peers(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
             n = self.n(4000)
-            db = self.database()
-            wall = asyncio.run(self._pgqueuer(self.cluster.conninfo(db), n, body))
-            self.record(f"pgqueuer{suffix}", f"pgqueuer (asyncpg) {label}: concurrency 16", n / wall, "jobs/s")
-            db = self.database()
-            wall = asyncio.run(self._procrastinate(self.cluster.conninfo(db), n, body))
-            self.record(f"procrastinate{suffix}", f"procrastinate (psycopg) {label}: concurrency 16",
-                        n / wall, "jobs/s")
+            for key, what, run in (("pgqueuer", "pgqueuer (asyncpg)", self._pgqueuer),
+                                   ("procrastinate", "procrastinate (psycopg)", self._procrastinate)):
+                self.repeated(f"{key}{suffix}", f"{what} {label}: concurrency 16", "jobs/s",
+                              lambda run=run, n=n, body=body: (
+                                  n / asyncio.run(run(self.cluster.conninfo(self.database()), n, body)), ""))
 
     async def _pgqueuer(self, dsn: str, n: int, body: str) -> float:
         import asyncpg
@@ -352,10 +370,23 @@ class Bench:
         finally:
             self.stop(proc)
         remote = f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
-        wall, hwm = self.run_tasks("remote_rate", "pgtask 1,000 remote pg_sleep(1), one group each", 1000, 1000, 0,
-                                   "SELECT pg_sleep(1)", remote=remote)
+        floor = asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000))
+        self.record("remote_floor", "floor: 1,000 plain psycopg connections, each pg_sleep(1)", floor, "s",
+                    "(what this machine allows without pgtask)")
+        wall, hwm, _ = self.run_tasks(1000, 1000, 0, "SELECT pg_sleep(1)", remote=remote)
         self.record("remote_wall", "  wall time for the 1,000 remote sleeps", wall, "s")
         self.record("remote_hwm", "  service peak RSS (VmHWM) during them", hwm, "MB")
+
+    @staticmethod
+    async def _sleep_floor(dsn: str, n: int) -> float:
+        """Wall time of n concurrent connections each running pg_sleep(1), opened and closed by psycopg
+        alone: connecting n backends is most of it."""
+        async def one() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("SELECT pg_sleep(1)")
+        t = time.monotonic()
+        await asyncio.gather(*(one() for _ in range(n)))
+        return time.monotonic() - t
 
     # -- report --------------------------------------------------------------------------------
     def ratios(self) -> list[tuple[str, str, str]]:
@@ -384,6 +415,7 @@ class Bench:
             add("claim at 1M / at 1k", r, "<= 1.50", r <= 1.5)
         if "remote_wall" in f:
             add("1,000 remote sleeps, s", f["remote_wall"], "<= 3", f["remote_wall"] <= 3)
+            add("1,000 remote sleeps / plain-connection floor", f["remote_wall"] / f["remote_floor"], "(no goal)", True)
             add("1,000 remote sleeps, peak RSS MB", f["remote_hwm"], "<= 150", f["remote_hwm"] <= 150)
         return out
 
@@ -412,8 +444,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="pgbench,pgtask,peers,pickup,claim,remote")
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per throughput figure (the median is kept)")
     args = parser.parse_args()
-    b = Bench(args.scale)
+    b = Bench(args.scale, args.repeat)
     b.start()
     t = time.monotonic()
     try:
