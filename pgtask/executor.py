@@ -196,6 +196,9 @@ class SessionPool:
         except psycopg.Error:
             await session.conn.close()
             return
+        except asyncio.CancelledError:
+            await session.conn.close()  # the pool is closing
+            raise
         await self.put(session)
 
     async def discard(self, session: Session) -> None:
