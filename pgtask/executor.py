@@ -53,6 +53,7 @@ class Task:
     count: int
     live_s: float
     delete: bool
+    repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
     now: object = None
     extra: dict = field(default_factory=dict)
 

@@ -33,6 +33,7 @@ from .output import simple_error
 log = logging.getLogger("pgtask.scheduler")
 
 TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user", t."input",
+    t."repeat" > '0 sec' AS repeats,
     (extract(epoch FROM t."timeout")::int4 * 1000) AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
     t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
@@ -433,6 +434,8 @@ class Scheduler:
         while True:
             try:
                 async with self.writers.connection() as conn:
+                    if any(t.repeats for t, _, _ in finishes):
+                        await self.refresh_columns(conn)  # a repeat copies the columns the table has now
                     if deletes:
                         async with conn.transaction():
                             cur = await conn.execute(self.q("flush"), params)
@@ -475,15 +478,18 @@ class Scheduler:
         row = None
         while True:
             try:
-                async with self.writers.connection() as conn, conn.transaction():
-                    cur = await conn.execute(self.q("finish"), params)
-                    row = await cur.fetchone()
-                    if row is not None and refused == 0:
-                        await conn.execute(self.q("finish_repeat"), params)
-                        if task.delete and output is None and error is None:
-                            await conn.execute(self.q("finish_delete"), params)
-                        if task.max < 0:
-                            await conn.execute(self.q("finish_pause"), params)
+                async with self.writers.connection() as conn:
+                    if task.repeats:
+                        await self.refresh_columns(conn)
+                    async with conn.transaction():
+                        cur = await conn.execute(self.q("finish"), params)
+                        row = await cur.fetchone()
+                        if row is not None and refused == 0:
+                            await conn.execute(self.q("finish_repeat"), params)
+                            if task.delete and output is None and error is None:
+                                await conn.execute(self.q("finish_delete"), params)
+                            if task.max < 0:
+                                await conn.execute(self.q("finish_pause"), params)
                 break
             except psycopg.OperationalError as exc:
                 delay = backoff.next()

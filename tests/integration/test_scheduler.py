@@ -29,7 +29,11 @@ def test_repeat_with_drift_counts_from_stop(db, service):
     assert plan - first["stop"] == timedelta(hours=1)
 
 
-def test_failed_task_repeats_and_copies_user_columns(db, service):
+def test_failed_task_repeats_and_copies_user_columns(db, service_factory):
+    # the periodic look at the table's columns never comes (reset_check): the finish itself must see
+    # a column added after the service started
+    service_factory(db.name, "[pgtask]\nreset_check = 3600\n")
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"  # the scheduler has read the table
     db.execute("ALTER TABLE task ADD COLUMN meta text")
     task_id = db.insert("SELECT 1/0", repeat="1 hour", meta="kept", data="d")
     assert db.wait_state(task_id)["state"] == "FAIL"
