@@ -527,7 +527,8 @@ class Scheduler:
             async with self.control.transaction():
                 await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": []})
                 cur = await self.control.execute(self.q("claim_next"), {
-                    "oid": self.oid, "group": task.group, "remote": task.remote, "max": spawner_max,
+                    "oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
+                    "max": spawner_max,
                     "done": done, "born": born})
                 row = await cur.fetchone()
         except (psycopg.OperationalError, AttributeError):

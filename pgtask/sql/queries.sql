@@ -72,11 +72,12 @@ RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4
 
 -- claim_next --
 -- Executor reuse within count/live (the manual's task_live): the next due task of the same group,
--- with max >= the max of the task that started this executor.
+-- with max >= the max of the task that started this executor -- and of the same role: a session
+-- is its author's (it logged in as that role, or passed that role's remote password rule).
 WITH s AS (
     SELECT "id" FROM {table} t
     WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp() AND "group" = %(group)s
-      AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s
+      AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s AND "user" = %(user)s
       AND ("plan" + "active" > statement_timestamp() OR "repeat" > '0 sec' OR "max" < 0)
       AND CASE WHEN "count" > 0 AND "live" > '0 sec'
                THEN "count" > %(done)s AND %(born)s + "live" > statement_timestamp()

@@ -311,6 +311,21 @@ def test_live_reuses_the_session_for_a_while(db, service):
     assert len({db.wait_state(i)["output"] for i in ids}) == 1
 
 
+def test_live_reuse_stays_with_the_sessions_role(db, service):
+    """A reused session only takes the group's next task of its own role: tasks of two authors
+    alternating in one live group each run as their author, none bounces."""
+    for name in ("liv_a", "liv_b"):
+        db.role(name)
+    ids = []
+    for i in range(6):
+        with db.connect(("liv_a", "liv_b")[i % 2]) as author:
+            ids.append(author.execute("INSERT INTO task (input, \"group\", live, header) VALUES "
+                                      "('SELECT current_user', 'mixed', '1 hour', false) RETURNING id").fetchone()[0])
+    rows = [db.wait_state(i) for i in ids]
+    assert [(r["state"], r["output"], r["attempt"]) for r in rows] == \
+        [("DONE", ("liv_a", "liv_b")[i % 2], 1) for i in range(6)]
+
+
 def test_start_and_pid_are_the_executor_sessions(db, service):
     task_id = db.insert("SELECT pg_backend_pid(), statement_timestamp()", header=False)
     row = db.wait_state(task_id)
