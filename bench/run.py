@@ -341,7 +341,7 @@ class Bench:
                     conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
                     t = time.perf_counter()
                     with conn.transaction():
-                        conn.execute(q("claim_lock"), {"oid": oid, "ids": []})
+                        conn.execute(q("claim_lock"), {"oid": oid, "ids": [], "claim": True})
                         rows = conn.execute(q("claim"), {"oid": oid, "limit": 1000}).fetchall()
                         conn.execute(q("next")).fetchone()
                     times.append((time.perf_counter() - t) * 1000)

@@ -25,7 +25,8 @@ from psycopg.conninfo import make_conninfo
 
 from . import spi as spi_mode
 from . import wire
-from .output import Format, Output, format_error, simple_error
+from .output import Format, Output, format_error, reason, simple_error
+from .provision import function_name
 
 log = logging.getLogger("pgtask.executor")
 
@@ -168,7 +169,7 @@ class SessionPool:
                     raise
                 self.no_login.add(user)
                 log.warning("role %s cannot log in (%s); its tasks run through SET ROLE from the service role",
-                            user, str(exc).strip().splitlines()[-1])
+                            user, reason(exc))
         conn = await psycopg.AsyncConnection.connect(
             make_conninfo(self.base, application_name=application_name), autocommit=True)
         return Session(conn, user, set_role=True)
@@ -231,7 +232,6 @@ def _set_role(user: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _start_function(schema: str, table: str) -> str:
-    from .provision import function_name
     return sql.Identifier(schema, function_name(table, "start")).as_string(None)
 
 
@@ -318,8 +318,6 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
             _raise_if_lost(end)
             if end is not None and error is None:
                 error = format_error(end, task.input, session.encoding)
-    if session.set_role:
-        await wire.simple(session.pgconn, "RESET ROLE", session.encoding)
     output = out.value()
     if error is not None and output is None:
         output = ""

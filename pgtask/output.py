@@ -154,3 +154,9 @@ def simple_error(message: str, detail: str | None = None, statement: str | None 
     if statement is not None:
         lines.append(f"STATEMENT:  {_tabbed(statement)}")
     return "\n".join(lines)
+
+
+def reason(exc: BaseException) -> str:
+    """The last line of an exception's message (libpq puts the cause there), for log lines."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import wire
 from .executor import Connection, NotStarted, Task
-from .output import Output, format_error, simple_error
+from .output import Output, format_error, reason, simple_error
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -206,7 +206,7 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 sched.not_started(task)
                 return
             except psycopg.OperationalError as exc:
-                log.warning("task %s: remote connection lost (%s)", task.id, _message(exc).splitlines()[-1])
+                log.warning("task %s: remote connection lost (%s)", task.id, reason(exc))
                 await remote.close()
                 remote = None
                 await sched.finish(task, "", simple_error("PQconsumeInput failed", _message(exc),

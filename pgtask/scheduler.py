@@ -28,7 +28,7 @@ from . import sql as named
 from .config import Entry
 from .executor import NotStarted, Session, SessionPool, Task, run_input
 from .maintenance import Maintenance, MaintenanceOptions
-from .output import simple_error
+from .output import reason, simple_error
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -151,7 +151,7 @@ class Scheduler:
             except psycopg.OperationalError as exc:
                 delay = backoff.next()
                 log.warning("%s: cannot connect (%s); retrying in %.1fs", self.entry.label(),
-                            str(exc).strip().splitlines()[-1] if str(exc).strip() else exc, delay)
+                            reason(exc), delay)
                 await asyncio.sleep(delay)
 
     async def start(self) -> None:
@@ -204,7 +204,7 @@ class Scheduler:
                             await self.refresh_columns(self.control)
                 except psycopg.OperationalError as exc:
                     log.warning("%s: connection lost (%s); reconnecting", self.entry.label(),
-                                str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
+                                reason(exc))
                     await self._close_control()
                     await self.connect_control()
                     continue
@@ -236,12 +236,12 @@ class Scheduler:
                     self.last_expiry = time.monotonic()
                     await conn.execute(self.q("expire"))
                 ids, self.to_unlock = self.to_unlock, []
-                if room > 0 and self.options.limit > 0:
-                    await conn.execute(self.q("claim_lock"), {"oid": self.oid, "ids": ids})
+                claim = room > 0 and self.options.limit > 0
+                if claim or ids:
+                    await conn.execute(self.q("claim_lock"), {"oid": self.oid, "ids": ids, "claim": claim})
+                if claim:
                     cur = await conn.execute(self.q("claim"), {"oid": self.oid,
                                                                "limit": min(room, self.options.limit)})
-                elif ids:
-                    await conn.execute(self.q("unlock"), {"oid": self.oid, "ids": ids})
                 cur_next = await conn.execute(self.q("next"))
             if cur is not None:
                 rows = await cur.fetchall()
@@ -283,7 +283,7 @@ class Scheduler:
                     return
                 except psycopg.OperationalError as exc:
                     log.warning("task %s: executor connection lost (%s); it will run again", task.id,
-                                str(exc).strip().splitlines()[-1] if str(exc).strip() else exc)
+                                reason(exc))
                     await self.sessions.discard(session)
                     session = None
                     await self.requeue(task)
@@ -308,7 +308,7 @@ class Scheduler:
             except psycopg.Error as exc:
                 if not await self._server_up():
                     log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
-                                str(exc).strip().splitlines()[-1])
+                                reason(exc))
                     await self.requeue(task)
                     return None
                 if attempt == 2:
@@ -525,7 +525,7 @@ class Scheduler:
             return None
         try:
             async with self.control.transaction():
-                await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": []})
+                await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": [], "claim": True})
                 cur = await self.control.execute(self.q("claim_next"), {
                     "oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
                     "max": spawner_max,

@@ -3,9 +3,9 @@
 -- A claimed row carries attempt + lease; every later write is fenced on both.
 
 -- claim_lock --
--- Claims of all service instances on one table take turns, so group counts stay exact. The same
--- statement drops the liveness locks of tasks finished since the last claim.
-SELECT pg_advisory_xact_lock(%(oid)s::bigint),
+-- Drops the liveness locks of tasks finished since the last pass; when %(claim)s, takes the table's
+-- claim lock: claims of all service instances on one table take turns, so group counts stay exact.
+SELECT CASE WHEN %(claim)s THEN pg_advisory_xact_lock(%(oid)s::bigint) END,
        (SELECT count(*) FILTER (WHERE pg_advisory_unlock((%(oid)s::bigint << 32) | (id & 4294967295)))
         FROM unnest(%(ids)s::bigint[]) AS id)
 
@@ -88,10 +88,6 @@ WITH s AS (
 UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
 FROM s WHERE t."id" = s."id"
 RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
-
--- unlock --
-SELECT count(*) FILTER (WHERE pg_advisory_unlock((%(oid)s::bigint << 32) | (id & 4294967295)))
-FROM unnest(%(ids)s::bigint[]) AS id
 
 -- work --
 UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = %(pid)s
