@@ -10,6 +10,11 @@ import sys
 
 import psycopg
 
+try:  # libuv's event loop: the service's per-task Python overhead is mostly event-loop work
+    import uvloop
+except ImportError:  # not on this platform (Windows): the standard loop does the same, slower
+    uvloop = None
+
 from . import __version__
 from . import config as cfgmod
 from .supervisor import Supervisor, base_conninfo, provision_entries, resolve
@@ -32,7 +37,8 @@ def _setup_logging(level: str) -> None:
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
     _setup_logging(cfg.svc("log_level"))
-    return asyncio.run(Supervisor(cfg, args.config).run())
+    run = uvloop.run if uvloop is not None else asyncio.run
+    return run(Supervisor(cfg, args.config).run())
 
 
 def cmd_provision(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
