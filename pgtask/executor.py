@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class Session(Connection):
         super().__init__(conn)
         self.user, self.set_role = user, set_role
         self.needs_reset = False
+        # the author's pg_task.spi as the last preamble read it (spi_known: one has read it)
+        self.spi: str | None = None
+        self.spi_known = False
 
     async def reset(self) -> None:
         """Back to a clean session now."""
@@ -235,6 +239,21 @@ def _start_function(schema: str, table: str) -> str:
     return sql.Identifier(schema, function_name(table, "start")).as_string(None)
 
 
+def _start(task: Task, schema: str, table: str) -> str:
+    return (f"{_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, "
+            f"'{uuid.UUID(str(task.lease))}'::uuid)")
+
+
+def _session_settings(task: Task, schema: str, table: str, oid: int) -> str:
+    return (f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
+            f"set_config('statement_timeout', '{int(task.timeout_ms)}', false), "
+            "set_config('synchronous_commit', 'off', true)")
+
+
+def _lead(task: Task, set_role: bool, reset: bool) -> str:
+    return f"{RESET_SESSION + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
+
+
 def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False) -> str:
     """What the manual's pg_task worker sets before input (session settings pg_task.id, .group,
     .schema, .table, .oid, application_name, statement_timeout), then, in the same statement: the
@@ -243,12 +262,43 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, rese
     the WAL flush, as the service's own TAKE -> WORK writes. Its one row: (started, spi, ...).
     ``reset``: the session is first reset from its previous task (RESET_SESSION).
     """
-    return (f"{RESET_SESSION + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
-            f"SELECT {_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, "
-            f"'{uuid.UUID(str(task.lease))}'::uuid), {spi_mode.setting(set_role)}, "
-            f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
-            f"set_config('statement_timeout', '{int(task.timeout_ms)}', false), "
-            "set_config('synchronous_commit', 'off', true)")
+    return (f"{_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, {spi_mode.setting(set_role)}, "
+            f"{_session_settings(task, schema, table, oid)}")
+
+
+# Input that may not share its query string with the preamble: statements that refuse to run in a
+# transaction block or a multi-statement string (VACUUM, CREATE DATABASE, ... CONCURRENTLY, a CALL
+# or DO that commits), that act differently inside one (LOCK, DECLARE), transaction control, and
+# whatever shows the query string itself. Matched as words anywhere, so some plain input (a CASE
+# ... END) takes the two round trips too: that costs time, never a difference in behaviour.
+_OWN_TRIP = re.compile(
+    r"\b(vacuum|concurrently|database|tablespace|system|cluster|subscription|prepared?|discard|"
+    r"call|do|reindex|lock|declare|savepoint|release|begin|start|commit|rollback|end|abort|copy|"
+    r"current_query|pg_stat_activity)\b|--|/\*", re.IGNORECASE)
+
+
+def one_trip(session: Session, text: str, spi_default: bool) -> bool:
+    """Whether the task's input can follow its preamble in the same round trip (see one_trip_preamble)."""
+    return (session.spi_known and not spi_mode.use_spi(session.spi, spi_default)[0]
+            and text.strip() != "" and _OWN_TRIP.search(text) is None)
+
+
+def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Session,
+                      reset: bool) -> tuple[str, int]:
+    """(preamble, its statement count) to send in the same query string before the input.
+
+    The preamble commits on its own (the explicit COMMIT) before the input runs, as in two round
+    trips. It fails -- and then nothing of it, nor the input, runs -- when the task cannot start
+    (its lease was lost) or the author's pg_task.spi is no longer the value this session last read
+    (the input would run in the wrong mode): the caller then takes the two round trips.
+    """
+    expected = sql.Literal(session.spi).as_string(None) if session.spi is not None else "NULL"
+    # 1 / false::int: an error (division by zero) computed at run time, after the start function
+    text = (f"{_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
+            f"AND {spi_mode.setting(session.set_role)} IS NOT DISTINCT FROM {expected})::int, "
+            f"{_session_settings(task, schema, table, oid)}; COMMIT; ")
+    statements = (RESET_SESSION.count(";") + 1 if reset else 0) + int(session.set_role) + 2
+    return text, statements
 
 
 async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | None, bool, str | None]:
@@ -285,14 +335,29 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     The task's fenced TAKE -> WORK write (state, start, this session's pid) is made by the session
     itself in the preamble's round trip; if the lease was lost, NotStarted is raised and the input
     never runs. If the preamble fails, ``start_work`` writes it the service's way first.
+    Once the session has read the author's pg_task.spi, plain input travels in the preamble's
+    query string (one round trip, see one_trip_preamble); anything else takes two.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
+    if one_trip(session, task.input, spi):
+        lead, statements = one_trip_preamble(task, schema, table, oid, session, session.needs_reset)
+        try:
+            err = await wire.run(session.pgconn, lead + task.input, out, local=True,
+                                 encoding=session.encoding, skip=statements)
+        except wire.LeadFailed as failed:
+            _raise_if_lost(failed.result)  # else nothing of it ran: two round trips, as below
+            session.needs_reset = True
+        else:
+            session.needs_reset = True
+            return await _end_input(session, task, out, err, offset=len(lead))
     error: str | None = None
     err, started, spi_value = await run_preamble(
         session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset))
     _raise_if_lost(err)
     session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
+    if err is None:
+        session.spi, session.spi_known = spi_value, True
     use_spi, bad_setting = spi_mode.use_spi(spi_value, spi) if err is None else (spi, None)
     if err is not None and start_work is not None:
         started = await start_work()
@@ -308,16 +373,26 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
         error = simple_error(refusal, statement=task.input)
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
-        _raise_if_lost(err)
-        if err is not None:
-            error = format_error(err, task.input, session.encoding)
-        status = session.pgconn.transaction_status
-        if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
-            # A transaction left open by input is committed (a failed one rolls back); tag not printed.
-            end = await wire.simple(session.pgconn, "COMMIT", session.encoding)
-            _raise_if_lost(end)
-            if end is not None and error is None:
-                error = format_error(end, task.input, session.encoding)
+        return await _end_input(session, task, out, err)
+    output = out.value()
+    if error is not None and output is None:
+        output = ""
+    return output, error
+
+
+async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGresult | None,
+                     offset: int = 0) -> tuple[str | None, str | None]:
+    """After the input ran: its error (positions counted from the input's start, ``offset``
+    characters into the query string), a transaction it left open ended; (output, error)."""
+    _raise_if_lost(err)
+    error = format_error(err, task.input, session.encoding, offset=offset) if err is not None else None
+    status = session.pgconn.transaction_status
+    if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
+        # A transaction left open by input is committed (a failed one rolls back); tag not printed.
+        end = await wire.simple(session.pgconn, "COMMIT", session.encoding)
+        _raise_if_lost(end)
+        if end is not None and error is None:
+            error = format_error(end, task.input, session.encoding)
     output = out.value()
     if error is not None and output is None:
         output = ""

@@ -113,8 +113,12 @@ def _tabbed(text: str) -> str:
 
 
 def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str = "utf-8",
-                 message: str | None = None, verbose: bool = False) -> str:
-    """The error text of a failed result (or of a bare message with no result)."""
+                 message: str | None = None, verbose: bool = False, offset: int = 0) -> str:
+    """The error text of a failed result (or of a bare message with no result).
+
+    ``offset``: characters sent before the input in the same query string (a preamble): the
+    error's position is counted from the start of the input.
+    """
     def field(code: pq.DiagnosticField) -> str | None:
         if res is None:
             return None
@@ -132,7 +136,10 @@ def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str 
     if verbose and field(F.SQLSTATE):
         head += f"{field(F.SQLSTATE)}: "
     head += primary
-    pos = field(F.STATEMENT_POSITION) or field(F.INTERNAL_POSITION)
+    pos = field(F.STATEMENT_POSITION)
+    if pos and offset:
+        pos = str(int(pos) - offset)
+    pos = pos or field(F.INTERNAL_POSITION)
     if pos:
         head += f" at character {pos}"
     lines = [_tabbed(head)]

@@ -64,15 +64,33 @@ async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     return res
 
 
+class LeadFailed(Exception):
+    """One of the leading statements ``run`` was told to skip failed: nothing after it ran."""
+
+    def __init__(self, result: pq.abc.PGresult):
+        super().__init__("a leading statement failed")
+        self.result = result
+
+
 async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
-              encoding: str = "utf-8") -> pq.abc.PGresult | None:
+              encoding: str = "utf-8", skip: int = 0) -> pq.abc.PGresult | None:
     """Run ``text`` as one simple query; format results into ``out``; return the first error result.
 
+    ``skip``: the first ``skip`` statements of ``text`` are not input (a preamble sent in the same
+    round trip): their results are dropped, and if one of them fails, LeadFailed is raised with
+    its error once the query is over (the server ran nothing after it).
     Raises psycopg.OperationalError when the connection is lost (outcome unknown).
     """
     await send(pgconn, text, encoding, single_row=True)
     error: pq.abc.PGresult | None = None
     in_rows = False
+    while skip and (res := await next_result(pgconn)) is not None:
+        if res.status == E.FATAL_ERROR:
+            while await next_result(pgconn) is not None:
+                pass
+            raise LeadFailed(res)
+        if res.status in (E.TUPLES_OK, E.COMMAND_OK):  # a statement's end (SINGLE_TUPLE: one of its rows)
+            skip -= 1
     while (res := await next_result(pgconn)) is not None:
         status = res.status
         if status == E.SINGLE_TUPLE:

@@ -71,3 +71,17 @@ def test_delete_false_keeps_empty_row(db, service):
     task_id = db.insert("SELECT 1 WHERE false", delete=False)
     row = db.wait_state(task_id)
     assert row["state"] == "DONE" and row["output"] is None and row["error"] is None
+
+
+def test_output_and_error_on_a_reused_session(db, service):
+    """The same cases one after another through one service: from the second task on, the session
+    is reused and plain input shares the preamble's round trip (test_one_trip.py); nothing of the
+    text changes -- positions of errors included."""
+    for input_text, columns, output, error in CASES:
+        task_id = db.insert(input_text, **columns)
+        if error == "delete":
+            db.wait_gone(task_id)
+            continue
+        row = db.wait_state(task_id)
+        assert (row["output"], row["error"], row["state"]) == (output, error, "FAIL" if error else "DONE"), \
+            input_text

@@ -1,0 +1,170 @@
+"""One round trip per local task: once a session has read its author's pg_task.spi, plain input
+travels in the preamble's query string (executor.one_trip_preamble). Driven here on real executor
+sessions, with the round trips counted at the wire; the service-level equivalence is
+test_output_and_error_on_a_reused_session in test_output.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from psycopg.rows import dict_row
+
+from pgtask import executor, wire
+from pgtask.executor import NotStarted, SessionPool, Task, run_input
+from pgtask.scheduler import TASK_COLUMNS
+from support import wait_for
+
+
+def claim(db, input_text: str) -> Task:
+    """A task in TAKE with its attempt and lease, as a claim leaves it."""
+    task_id = db.insert(input_text)
+    with db.connect(row_factory=dict_row) as conn:
+        row = conn.execute(f"""UPDATE task t SET "state" = 'TAKE', "attempt" = t."attempt" + 1,
+                               "lease" = gen_random_uuid() WHERE t."id" = %s RETURNING {TASK_COLUMNS}""",
+                           (task_id,)).fetchone()
+    return Task.from_row(row)
+
+
+class Trips:
+    """Counts the query strings sent (round trips) by wire.send, which it still calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.sent: list[str] = []
+        real = wire.send
+
+        async def send(pgconn, text, encoding, single_row=False):
+            self.sent.append(text)
+            await real(pgconn, text, encoding, single_row)
+
+        monkeypatch.setattr(wire, "send", send)
+
+    def take(self) -> int:
+        n, self.sent = len(self.sent), []
+        return n
+
+
+def run_tasks(db, inputs: list[str], trips: Trips, break_lease_of: int | None = None,
+              before=lambda i: None) -> list:
+    """Claim and run each input in turn on ONE executor session: [(output, error, round trips)]."""
+    oid = db.value("SELECT 'task'::regclass::oid")
+    user = db.value("SELECT current_user")
+
+    async def go() -> list:
+        pool = SessionPool(db.dsn, user, "login")
+        session = await pool.get(user, "test")
+        results = []
+        try:
+            for i, text in enumerate(inputs):
+                task = claim(db, text)
+                before(i)
+                if i == break_lease_of:  # another service took the task over meanwhile
+                    db.execute("UPDATE task SET lease = gen_random_uuid() WHERE id = %s", (task.id,))
+                trips.take()
+                try:
+                    output, error = await run_input(session, task, "public", "task", oid, 1 << 20)
+                except NotStarted:
+                    output, error = NotStarted, None
+                results.append((output, error, trips.take()))
+        finally:
+            await pool.discard(session)
+        return results
+
+    return asyncio.run(go())
+
+
+def test_plain_input_takes_one_round_trip_once_the_session_knows_spi(db, monkeypatch):
+    trips = Trips(monkeypatch)
+    first, second = run_tasks(db, ["SELECT 1 AS a", "SELECT 2 AS a"], trips)
+    assert first == ("1", None, 2)   # preamble, then input: this session had not read pg_task.spi
+    assert second == ("2", None, 1)  # preamble + COMMIT + input in one query string
+    rows = db.execute("SELECT state, start IS NOT NULL, pid IS NOT NULL FROM task ORDER BY id")
+    assert rows == [("WORK", True, True)] * 2  # both started themselves (finishing is the service's)
+
+
+def test_one_round_trip_keeps_output_and_error_text(db, monkeypatch):
+    trips = Trips(monkeypatch)
+    results = run_tasks(db, ["SELECT 1", "SELECT * FROM missing_table", "SELECT 1 AS a; SELECT 1/0",
+                             "CREATE TEMP TABLE t (a int); INSERT INTO t VALUES (7) RETURNING a",
+                             "SELECT pg_sleep(0) AS x, current_setting('pg_task.id') = '0' AS y"], trips)
+    assert [r[2] for r in results] == [2, 1, 1, 1, 1]
+    assert results[1][:2] == ("", 'ERROR:  relation "missing_table" does not exist at character 15\n'
+                                  "STATEMENT:  SELECT * FROM missing_table")
+    assert results[2][:2] == ("1", "ERROR:  division by zero\nSTATEMENT:  SELECT 1 AS a; SELECT 1/0")
+    assert results[3][:2] == ("CREATE TABLE\n7\nINSERT 0 1", None)
+    assert results[4][:2] == ("x\ty\n\tf", None)  # pg_task.id was set before the input ran
+
+
+@pytest.mark.parametrize("text,output", [
+    ("VACUUM", "VACUUM"),                                    # refuses to run in a transaction block
+    ("LOCK TABLE task", ""),                                 # would work only inside one
+    ("SELECT CASE WHEN true THEN 1 END AS a", "1"),          # a word of the list: costs, changes nothing
+    ("-- a comment\nSELECT 1 AS a", "1"),
+])
+def test_input_that_needs_its_own_round_trip(db, monkeypatch, text, output):
+    trips = Trips(monkeypatch)
+    results = run_tasks(db, ["SELECT 1", text], trips)
+    assert results[1][2] == 2
+    assert results[1][0] == output
+    if text == "LOCK TABLE task":
+        assert results[1][1].startswith("ERROR:  LOCK TABLE can only be used in transaction blocks")
+    else:
+        assert results[1][1] is None
+
+
+def test_a_syntax_error_the_screen_lets_through_falls_back_before_anything_ran(db, monkeypatch):
+    # The whole query string is parsed before any of it runs: the preamble did nothing, the task
+    # starts in two round trips and reports the position within its own input.
+    trips = Trips(monkeypatch)
+    results = run_tasks(db, ["SELECT 1", "SELECT 1 FROM", "SELEC 1"], trips)
+    assert results[1] == ("", 'ERROR:  syntax error at end of input at character 14\nSTATEMENT:  SELECT 1 FROM', 3)
+    assert results[2] == ("", 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1', 3)
+
+
+def test_a_lost_lease_runs_nothing(db, monkeypatch):
+    db.execute("CREATE TABLE marker (a int)")
+    trips = Trips(monkeypatch)
+    results = run_tasks(db, ["SELECT 1", "INSERT INTO marker VALUES (1)"], trips, break_lease_of=1)
+    assert results[1][0] is NotStarted
+    assert results[1][2] == 2  # the one-trip preamble refused, then the two-trip one said not started
+    assert db.value("SELECT count(*) FROM marker") == 0
+    assert db.value("SELECT state FROM task ORDER BY id DESC LIMIT 1") == "TAKE"
+
+
+def test_a_changed_spi_setting_is_seen_before_the_input_runs(db, monkeypatch):
+    # The session last read pg_task.spi unset; then the server says on (ALTER SYSTEM + reload): the
+    # one-trip preamble refuses, and the input runs in SPI mode, whose errors name the statement.
+    trips = Trips(monkeypatch)
+    try:
+        first, second = run_tasks(db, ["SELECT 1", "SELECT 1/0"], trips, before=lambda i: i == 1 and spi_on(db))
+    finally:
+        db.execute("ALTER SYSTEM RESET pg_task.spi")
+        db.execute("SELECT pg_reload_conf()")
+    assert first == ("1", None, 2)
+    assert second[1] == 'ERROR:  division by zero\nCONTEXT:  SQL statement "SELECT 1/0"\nSTATEMENT:  SELECT 1/0'
+    assert second[2] >= 3  # the refused one-trip preamble, the preamble, then SPI's own
+
+
+def spi_on(db) -> None:
+    db.execute("ALTER SYSTEM SET pg_task.spi = on")
+    db.execute("SELECT pg_reload_conf()")
+    # The postmaster signals every backend at once: when a new one sees the value, the idle
+    # executor session has its reload pending and reads it before its next command.
+    wait_for(lambda: db.connect().execute("SELECT current_setting('pg_task.spi', true)").fetchone()[0] == "on",
+             10, message="the reloaded pg_task.spi")
+
+
+def test_screen():
+    session = executor.Session.__new__(executor.Session)
+    session.spi, session.spi_known = None, True
+    assert executor.one_trip(session, "SELECT 1", False)
+    assert executor.one_trip(session, "INSERT INTO t SELECT g FROM generate_series(1, 3) g", False)
+    assert executor.one_trip(session, "SELECT pg_advisory_lock(1), current_database()", False)
+    assert not executor.one_trip(session, "SELECT 1", True)       # the entry says SPI
+    assert not executor.one_trip(session, "   ", False)
+    for text in ("vacuum t", "CREATE INDEX CONCURRENTLY i ON t (a)", "CALL p()", "DO $$BEGIN END$$",
+                 "CREATE DATABASE x", "ALTER SYSTEM SET a = 1", "BEGIN; SELECT 1", "SELECT 1; COMMIT",
+                 "SELECT current_query()", "SELECT 1 /* c */", "COPY t TO '/tmp/x'"):
+        assert not executor.one_trip(session, text, False), text
+    session.spi_known = False
+    assert not executor.one_trip(session, "SELECT 1", False)
