@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 from psycopg.rows import dict_row
+from support import wait_for
 
 from pgtask import executor, wire
 from pgtask.executor import NotStarted, SessionPool, Task, run_input
 from pgtask.scheduler import TASK_COLUMNS
-from support import wait_for
 
 
 def claim(db, input_text: str) -> Task:
@@ -86,13 +86,14 @@ def test_one_round_trip_keeps_output_and_error_text(db, monkeypatch):
     trips = Trips(monkeypatch)
     results = run_tasks(db, ["SELECT 1", "SELECT * FROM missing_table", "SELECT 1 AS a; SELECT 1/0",
                              "CREATE TEMP TABLE t (a int); INSERT INTO t VALUES (7) RETURNING a",
-                             "SELECT pg_sleep(0) AS x, current_setting('pg_task.id') = '0' AS y"], trips)
+                             "SELECT pg_sleep(0) AS x, current_setting('pg_task.id')::bigint = max(id) AS y FROM task"],
+                       trips)
     assert [r[2] for r in results] == [2, 1, 1, 1, 1]
-    assert results[1][:2] == ("", 'ERROR:  relation "missing_table" does not exist at character 15\n'
-                                  "STATEMENT:  SELECT * FROM missing_table")
+    assert results[1][:2] == ("", ('ERROR:  relation "missing_table" does not exist at character 15\n'
+                                   "STATEMENT:  SELECT * FROM missing_table"))
     assert results[2][:2] == ("1", "ERROR:  division by zero\nSTATEMENT:  SELECT 1 AS a; SELECT 1/0")
     assert results[3][:2] == ("CREATE TABLE\n7\nINSERT 0 1", None)
-    assert results[4][:2] == ("x\ty\n\tf", None)  # pg_task.id was set before the input ran
+    assert results[4][:2] == ("x\ty\n\tt", None)  # this task's pg_task.id was set before its input ran
 
 
 @pytest.mark.parametrize("text,output", [
