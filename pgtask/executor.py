@@ -187,16 +187,19 @@ class SessionPool:
             return
         pool.append(session)
         if session.needs_reset:
-            t = asyncio.create_task(self._reset_idle(session), name=f"reset session {session.pid}")
-            self.resets.add(t)
-            t.add_done_callback(self.resets.discard)
+            # a timer, not a task per put: most sessions are taken again before it fires
+            asyncio.get_running_loop().call_later(Session.RESET_DELAY, self._reset_if_idle, session)
 
-    async def _reset_idle(self, session: Session) -> None:
-        await asyncio.sleep(Session.RESET_DELAY)
+    def _reset_if_idle(self, session: Session) -> None:
         pool = self.idle.get(session.user, [])
         if session not in pool or not session.needs_reset:
             return  # taken meanwhile: its next preamble resets it
         pool.remove(session)
+        t = asyncio.create_task(self._reset_idle(session), name=f"reset session {session.pid}")
+        self.resets.add(t)
+        t.add_done_callback(self.resets.discard)
+
+    async def _reset_idle(self, session: Session) -> None:
         try:
             await session.reset()
         except psycopg.Error:

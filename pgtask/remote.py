@@ -16,6 +16,7 @@ Connection strings are never logged: they may hold passwords.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -52,10 +53,8 @@ class RemoteConnection(Connection):
     """One remote connection; ``conn`` is what ``Scheduler.cancel`` cancels (``cancel_safe``)."""
 
     async def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a broken connection
             await self.conn.close()
-        except Exception:  # noqa: BLE001 - closing a broken connection
-            pass
 
 
 def escape_option(value: str) -> str:

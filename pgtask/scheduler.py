@@ -10,6 +10,7 @@ Connections (all as the entry's role, in the entry's database):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -593,10 +594,8 @@ class Scheduler:
 
     async def _close_control(self) -> None:
         if self.control is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing a broken connection
                 await self.control.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
             self.control = None
 
     async def close(self) -> None:

@@ -285,7 +285,7 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
         elif s.kind == "function":
             before = _functions(conn, schema, obj)
             text = render(s.text, schema, table, opts, conn=conn)
-            if _changes(conn, text, lambda: _functions(conn, schema, obj), before):
+            if _changes(conn, text, lambda obj=obj: _functions(conn, schema, obj), before):
                 report.add(f"{'replaced' if before else 'created'} function {schema}.{obj}")
         elif s.kind == "trigger":
             text = render(s.text, schema, table, opts, conn=conn)
@@ -295,7 +295,7 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
                 report.add(f"created trigger {obj} on {qualified}")
                 continue
             if _changes(conn, text.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1),
-                        lambda: _trigger(conn, table_oid, obj), before):
+                        lambda obj=obj: _trigger(conn, table_oid, obj), before):
                 report.add(f"replaced trigger {obj} on {qualified}")
         elif s.kind == "task":
             mark = marker(pattern, schema, table, s.name)
