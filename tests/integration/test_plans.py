@@ -43,3 +43,42 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     assert "Seq Scan on task" not in plan, plan
     plan = explain(db, "next", {})
     assert "Seq Scan on task" not in plan, plan
+
+
+def test_the_pass_is_planned_again_when_claiming_starts(db):
+    """The claim pass's statements are prepared once per control session; planned on an empty
+    queue, "next" read every due row through the queue index (1 ms a pass in a burst, PostgreSQL
+    15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
+    import asyncio
+
+    from pgtask.config import Entry
+    from pgtask.scheduler import Options, Scheduler
+
+    async def go() -> tuple[str, str]:
+        entry = Entry(data=db.name, user=db.value("SELECT current_user"), schema="public", table="task",
+                      sleep=1000, reset="", run=4, spi=False)
+        sched = Scheduler(entry, db.cluster.conninfo(), Options(
+            sleep=1.0, run=4, limit=1000, reset_check=3600, output_limit=1 << 20, execute_as="login",
+            grace=1))
+        await sched.start()
+        sched.dispatch = lambda task: sched.inflight.__setitem__(task.id, (task, None))
+        try:
+            await sched.claim_pass()  # empty: prepared and planned on an empty table
+            plans = [await next_plan(sched)]
+            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
+                       "FROM generate_series(1, 3000) i")
+            assert (await sched.claim_pass())[0] == 4
+            await sched.claim_pass()  # prepared again
+            plans.append(await next_plan(sched))
+            return plans
+        finally:
+            await sched.close()
+
+    async def next_plan(sched) -> str:
+        cur = await sched.control.execute("EXPLAIN EXECUTE pgtask_next")
+        return "\n".join(next(iter(r.values())) for r in await cur.fetchall())
+
+    before, after = asyncio.run(go())
+    # PostgreSQL 15 plans the empty queue through task_queue_idx (this fails there without the new
+    # PREPARE); 18 happens to pick task_plan_idx for the empty table too.
+    assert "task_plan_idx" in after and "task_queue_idx" not in after, (before, after)
