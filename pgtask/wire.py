@@ -55,6 +55,30 @@ async def send(pgconn: pq.abc.PGconn, text: str, encoding: str, single_row: bool
         await _wait(pgconn.socket, write=True)
 
 
+async def send_prepared(pgconn: pq.abc.PGconn, name: bytes, params: list[bytes | None]) -> None:
+    """Execute the prepared statement ``name`` with text parameters (the extended protocol)."""
+    try:
+        pgconn.send_query_prepared(name, params)
+    except psycopg.Error:
+        _check(pgconn)
+        raise
+    while pgconn.flush() != 0:
+        await _wait(pgconn.socket, write=True)
+
+
+def array(values: list, encoding: str) -> bytes:
+    """A one-dimensional array literal (text format) of ints, strings and None."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, int):
+            parts.append(str(v))
+        else:
+            parts.append('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return ("{" + ",".join(parts) + "}").encode(encoding, "replace")
+
+
 async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     while pgconn.is_busy():
         await _consume(pgconn)

@@ -332,3 +332,21 @@ def test_start_and_pid_are_the_executor_sessions(db, service):
     pid, stamp = row["output"].split("\t")
     assert row["state"] == "DONE" and row["pid"] == int(pid)
     assert row["start"] <= db.value("SELECT %s::timestamptz", (stamp,)) <= row["stop"]
+
+
+def test_a_finish_a_user_trigger_refuses_is_written_on_its_own(db, service):
+    """Finishes are written in batches; when a user's trigger refuses one row, each row of the batch
+    is written on its own: the others are DONE, the refused one FAILs saying why."""
+    db.execute("""CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN
+        IF NEW.state = 'DONE' AND NEW.input LIKE '%refuse%' THEN RAISE EXCEPTION 'no, not %', NEW.id; END IF;
+        RETURN NEW; END$$""")
+    db.execute("CREATE TRIGGER refuse BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse()")
+    ids = [row[0] for row in db.execute(
+        """INSERT INTO task (input, "group") SELECT CASE WHEN i = 5 THEN 'SELECT ''refuse''' ELSE 'SELECT 1' END,
+           'g' || i FROM generate_series(1, 12) i RETURNING id""")]
+    rows = [db.wait_state(i) for i in ids]
+    refused = rows[4]
+    assert refused["state"] == "FAIL", refused
+    assert refused["output"] == "refuse"
+    assert f"finishing the task failed: no, not {ids[4]}" in refused["error"], refused["error"]
+    assert [r["state"] for r in rows[:4] + rows[5:]] == ["DONE"] * 11
