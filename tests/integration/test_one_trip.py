@@ -139,6 +139,7 @@ def test_a_changed_spi_setting_is_seen_before_the_input_runs(db, monkeypatch):
     try:
         first, second = run_tasks(db, ["SELECT 1", "SELECT 1/0"], trips, before=lambda i: i == 1 and spi_on(db))
     finally:
+        db.execute("SET pg_task.spi = off")  # before PostgreSQL 17, ALTER SYSTEM wants a placeholder
         db.execute("ALTER SYSTEM RESET pg_task.spi")
         db.execute("SELECT pg_reload_conf()")
     assert first == ("1", None, 2)
@@ -147,6 +148,7 @@ def test_a_changed_spi_setting_is_seen_before_the_input_runs(db, monkeypatch):
 
 
 def spi_on(db) -> None:
+    db.execute("SET pg_task.spi = off")  # before PostgreSQL 17, ALTER SYSTEM wants a placeholder
     db.execute("ALTER SYSTEM SET pg_task.spi = on")
     db.execute("SELECT pg_reload_conf()")
     # The postmaster signals every backend at once: when a new one sees the value, the idle
