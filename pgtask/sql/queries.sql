@@ -30,24 +30,21 @@ WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
 -- The claiming session takes each task's liveness lock in the same statement: while the service
 -- that claimed a row is alive, nobody resets it.
 WITH RECURSIVE keys AS (
-    (SELECT t."group" AS g, coalesce(t."remote", '') AS r FROM {table} t WHERE t."state" = 'PLAN'
-     ORDER BY 1, 2 LIMIT 1)
+    -- each probe's first entry is its group's highest max (the index order): the group's capacity
+    (SELECT t."group" AS g, coalesce(t."remote", '') AS r, greatest(t."max", 0) AS gmax FROM {table} t
+     WHERE t."state" = 'PLAN' ORDER BY 1, 2, 3 DESC LIMIT 1)
     UNION ALL
-    SELECT n.g, n.r FROM keys k, LATERAL (
-        SELECT t."group" AS g, coalesce(t."remote", '') AS r FROM {table} t
+    SELECT n.g, n.r, n.gmax FROM keys k, LATERAL (
+        SELECT t."group" AS g, coalesce(t."remote", '') AS r, greatest(t."max", 0) AS gmax FROM {table} t
         WHERE t."state" = 'PLAN' AND (t."group", coalesce(t."remote", '')) > (k.g, k.r)
-        ORDER BY 1, 2 LIMIT 1) n
+        ORDER BY 1, 2, 3 DESC LIMIT 1) n
 ), running AS (
     SELECT "group" AS g, "remote" AS r, count(*) AS n FROM {table}
     WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
 ), heads AS (
-    SELECT k.g, k.r, greatest(h.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
-    FROM keys k
-    CROSS JOIN LATERAL (SELECT greatest(t."max", 0) AS gmax FROM {table} t
-                        WHERE t."state" = 'PLAN' AND t."group" = k.g AND coalesce(t."remote", '') = k.r
-                        ORDER BY greatest(t."max", 0) DESC LIMIT 1) h
-    LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
-    GROUP BY k.g, k.r, h.gmax
+    SELECT k.g, k.r, greatest(k.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
+    FROM keys k LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
+    GROUP BY k.g, k.r, k.gmax
 ), locked AS (
     SELECT c."id", greatest(c."max", 0) - coalesce(run.n, 0) AS cap, c."group", c."remote"
     FROM heads k CROSS JOIN LATERAL (
