@@ -269,7 +269,7 @@ class Scheduler:
         finish -- flushes the WAL up to the claim): so the claim is never the reason a task runs twice.
         """
         room = self.options.run - len(self.inflight)
-        rows: list[tuple] = []
+        rows: list[dict] = []
         async with self.control_lock:
             if self.pass_prepared is not self.control or self.pass_replan or \
                     time.monotonic() - self.pass_prepared_at >= self.options.reset_check:
