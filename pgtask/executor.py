@@ -319,6 +319,9 @@ async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | N
     return error, started and error is None, value
 
 
+CANCELLED = "57014"  # query_canceled: a cancel request, or statement_timeout
+
+
 class NotStarted(Exception):
     """The task's start was not confirmed (its lease was lost): its input was not sent."""
 
@@ -343,20 +346,26 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
+    cancelled = None
     if one_trip(session, task.input, spi):
         lead, statements = one_trip_preamble(task, schema, table, oid, session, session.needs_reset)
         try:
             err = await wire.run(session.pgconn, lead + task.input, out, local=True,
                                  encoding=session.encoding, skip=statements)
         except wire.LeadFailed as failed:
-            _raise_if_lost(failed.result)  # else nothing of it ran: two round trips, as below
+            _raise_if_lost(failed.result)  # else nothing of it ran: two round trips, as below --
             session.needs_reset = True
+            if wire.sqlstate(failed.result) == CANCELLED:
+                cancelled = failed.result  # -- unless it was cancelled (STOP, shutdown): not run at all
         else:
             session.needs_reset = True
             return await _end_input(session, task, out, err, offset=len(lead))
     error: str | None = None
-    err, started, spi_value = await run_preamble(
-        session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset))
+    if cancelled is not None:
+        err, started, spi_value = cancelled, False, None
+    else:
+        err, started, spi_value = await run_preamble(
+            session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset))
     _raise_if_lost(err)
     session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
     if err is None:

@@ -169,11 +169,15 @@ async def simple(pgconn: pq.abc.PGconn, text: str, encoding: str = "utf-8") -> p
     return error
 
 
+def sqlstate(res: pq.abc.PGresult) -> str:
+    return (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+
+
 def lost(res: pq.abc.PGresult | None) -> bool:
     """An error that ends the session itself (server shutdown or crash, FATAL): the outcome of the
     input is unknown, so it is not the task's error -- the caller treats it as a lost connection."""
     if res is None:
         return False
     severity = (res.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"").decode()
-    sqlstate = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
-    return severity in ("FATAL", "PANIC") or sqlstate[:2] == "08" or sqlstate in ("57P01", "57P02", "57P03")
+    state = sqlstate(res)
+    return severity in ("FATAL", "PANIC") or state[:2] == "08" or state in ("57P01", "57P02", "57P03")

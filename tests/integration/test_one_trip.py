@@ -171,3 +171,47 @@ def test_screen():
         assert not executor.one_trip(session, text, False), text
     session.spi_known = False
     assert not executor.one_trip(session, "SELECT 1", False)
+
+
+def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkeypatch):
+    # A cancel (STOP, shutdown's grace period over) that lands on the one-trip preamble: the input
+    # must not run -- not in this round trip, and not in a second one either.
+    db.execute("CREATE TABLE marker (a int)")
+    user = db.value("SELECT current_user")
+    oid = db.value("SELECT 'task'::regclass::oid")
+    trips = Trips(monkeypatch)
+
+    async def go():
+        pool = SessionPool(db.dsn, user, "login")
+        session = await pool.get(user, "test")
+        try:
+            await run_input(session, claim(db, "SELECT 1"), "public", "task", oid, 1 << 20)
+            task = claim(db, "INSERT INTO marker VALUES (1)")
+            with db.connect() as blocker, db.connect() as watcher:
+                blocker.execute("BEGIN")
+                blocker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (task.id,))  # the start waits
+                trips.take()
+
+                async def start_work() -> bool:  # the service's own TAKE -> WORK, as Scheduler.start_work
+                    with db.connect() as conn:
+                        return conn.execute("UPDATE task SET state = 'WORK' WHERE id = %s AND lease = %s "
+                                            "RETURNING id", (task.id, task.lease)).fetchone() is not None
+
+                running = asyncio.ensure_future(run_input(session, task, "public", "task", oid, 1 << 20,
+                                                          start_work=start_work))
+                for _ in range(500):
+                    await asyncio.sleep(0.01)  # yield to the task under test; the poll is the wait
+                    if watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                       (session.pid,)).fetchone()[0] == "Lock":
+                        break
+                await session.conn.cancel_safe()
+                blocker.execute("ROLLBACK")
+                return await running
+        finally:
+            await pool.discard(session)
+
+    output, error = asyncio.run(go())
+    assert trips.take() == 1  # the one-trip string only: no second preamble, no input
+    assert output == ""
+    assert error.startswith("ERROR:  canceling statement due to user request"), error
+    assert db.value("SELECT count(*) FROM marker") == 0
