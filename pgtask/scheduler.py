@@ -117,6 +117,7 @@ class Scheduler:
         self.pass_prepared: psycopg.AsyncConnection | None = None  # the connection they are prepared on
         self.pass_loader: Transformer | None = None
         self.pass_prepared_at = 0.0
+        self.pass_names: set[str] = set()  # the statements prepared on pass_prepared
         self.pass_idle = self.pass_replan = False
         self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
@@ -246,14 +247,18 @@ class Scheduler:
         one planned on an empty queue can be a poor plan for the burst that follows ("next" had
         one that read every due row, 1 ms a pass).
         """
+        if self.pass_prepared is not self.control:
+            self.pass_names.clear()  # a new connection has none
         for name, params in PASS_STATEMENTS:
             ident = sql.Identifier(f"pgtask_{name}")
-            if self.pass_prepared is self.control:
+            if name in self.pass_names:
                 await self.control.execute(sql.SQL("DEALLOCATE {}").format(ident))
+                self.pass_names.discard(name)
             text = self.q(name)
             for i, param in enumerate(params, 1):
                 text = text.replace(f"%({param})s", f"${i}")
             await self.control.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(text))
+            self.pass_names.add(name)
         self.pass_loader = Transformer(self.control)
         self.pass_prepared, self.pass_prepared_at = self.control, time.monotonic()
 
@@ -536,6 +541,7 @@ class Scheduler:
         if self.flush_prepared.get(conn) != self.copy_columns:
             if conn in self.flush_prepared:
                 await conn.execute("DEALLOCATE pgtask_flush")
+                del self.flush_prepared[conn]
             text = self.q("flush")
             for i, name in enumerate(FLUSH_PARAMS, 1):
                 text = text.replace(f"%({name})s", f"${i}")
