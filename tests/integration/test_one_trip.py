@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 from psycopg.rows import dict_row
 from support import wait_for
@@ -192,10 +193,14 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
                 blocker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (task.id,))  # the start waits
                 trips.take()
 
+                released = asyncio.Event()
+
                 async def start_work() -> bool:  # the service's own TAKE -> WORK, as Scheduler.start_work
-                    with db.connect() as conn:
-                        return conn.execute("UPDATE task SET state = 'WORK' WHERE id = %s AND lease = %s "
-                                            "RETURNING id", (task.id, task.lease)).fetchone() is not None
+                    await released.wait()  # (the row is still locked until then)
+                    async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
+                        cur = await conn.execute("UPDATE task SET state = 'WORK' WHERE id = %s AND lease = %s "
+                                                 "RETURNING id", (task.id, task.lease))
+                        return await cur.fetchone() is not None
 
                 running = asyncio.ensure_future(run_input(session, task, "public", "task", oid, 1 << 20,
                                                           start_work=start_work))
@@ -206,6 +211,7 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
                         break
                 await session.conn.cancel_safe()
                 blocker.execute("ROLLBACK")
+                released.set()
                 return await running
         finally:
             await pool.discard(session)
