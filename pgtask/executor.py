@@ -308,15 +308,12 @@ async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | N
     """(error result, started?, the author's pg_task.spi) of preamble(); on an error nothing of it
     took effect (one implicit transaction)."""
     await wire.send(session.pgconn, text, session.encoding)
-    error, started, value = None, False, None
-    while (res := await wire.next_result(session.pgconn)) is not None:
-        if res.status == pq.ExecStatus.FATAL_ERROR and error is None:
-            error = res
-        elif res.status == pq.ExecStatus.TUPLES_OK and res.ntuples == 1 and res.nfields > 2:
-            started = res.get_value(0, 0) == b"t"
-            raw = res.get_value(0, 1)
-            value = raw.decode(session.encoding) if raw is not None else None
-    return error, started and error is None, value
+    rows, error = await wire.results(session.pgconn)
+    if error is not None or not rows:
+        return error, False, None
+    res = rows[-1]  # the SELECT (a reset's pg_advisory_unlock_all() row comes before it)
+    raw = res.get_value(0, 1)
+    return None, res.get_value(0, 0) == b"t", raw.decode(session.encoding) if raw is not None else None
 
 
 CANCELLED = "57014"  # query_canceled: a cancel request, or statement_timeout
@@ -346,20 +343,28 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     out = Output(task.format(), output_limit, session.encoding)
-    cancelled = None
-    if one_trip(session, task.input, spi):
-        lead, statements = one_trip_preamble(task, schema, table, oid, session, session.needs_reset)
-        try:
-            err = await wire.run(session.pgconn, lead + task.input, out, local=True,
-                                 encoding=session.encoding, skip=statements)
-        except wire.LeadFailed as failed:
-            _raise_if_lost(failed.result)  # else nothing of it ran: two round trips, as below --
-            session.needs_reset = True
-            if wire.sqlstate(failed.result) == CANCELLED:
-                cancelled = failed.result  # -- unless it was cancelled (STOP, shutdown): not run at all
-        else:
-            session.needs_reset = True
-            return await _end_input(session, task, out, err, offset=len(lead))
+    if not one_trip(session, task.input, spi):
+        return await _two_trips(session, task, schema, table, oid, out, spi, start_work)
+    lead, statements = one_trip_preamble(task, schema, table, oid, session, session.needs_reset)
+    try:
+        err = await wire.run(session.pgconn, lead + task.input, out, local=True,
+                             encoding=session.encoding, skip=statements)
+    except wire.LeadFailed as failed:
+        # Nothing of it ran: two round trips -- unless it was cancelled (STOP, shutdown): then the
+        # input must not run at all, and the task ends as a cancelled two-trip preamble does.
+        _raise_if_lost(failed.result)
+        session.needs_reset = True
+        cancelled = failed.result if wire.sqlstate(failed.result) == CANCELLED else None
+        return await _two_trips(session, task, schema, table, oid, out, spi, start_work, cancelled)
+    session.needs_reset = True
+    return await _end_input(session, task, out, err, offset=len(lead))
+
+
+async def _two_trips(session: Session, task: Task, schema: str, table: str, oid: int, out: Output, spi: bool,
+                     start_work: Callable[[], Awaitable[bool]] | None,
+                     cancelled: pq.abc.PGresult | None = None) -> tuple[str | None, str | None]:
+    """The preamble (which reads the author's pg_task.spi), then the input; ``cancelled``: the
+    preamble already failed that way (see run_input)."""
     error: str | None = None
     if cancelled is not None:
         err, started, spi_value = cancelled, False, None

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import errors, pq, sql
-from psycopg.adapt import Transformer
+from psycopg import errors, sql
+from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -114,17 +114,17 @@ class Scheduler:
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
         self.ready = asyncio.Event()
         self.last_expiry = 0.0
-        self.pass_prepared: psycopg.AsyncConnection | None = None  # the connection they are prepared on
-        self.pass_loader: Transformer | None = None
-        self.pass_prepared_at = 0.0
-        self.pass_names: set[str] = set()  # the statements prepared on pass_prepared
+        # connection -> {statement name: what it was prepared for}: see _prepared
+        self.prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.pass_plans = 0  # the claim pass's statements are prepared for this; see claim_pass
+        self.pass_planned_at = 0.0
         self.pass_idle = self.pass_replan = False
+        self.pass_loader: Transformer | None = None
         self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
         self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
-        # writer connection -> the column set its pgtask_flush was prepared for
-        self.flush_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.flushers: set[asyncio.Task] = set()
+        self.array_dumper = Transformer()  # the flush's arrays, as psycopg writes them in text
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
 
@@ -239,28 +239,23 @@ class Scheduler:
             maintenance.cancel()
             await asyncio.gather(listener, maintenance, return_exceptions=True)
 
-    async def _prepare_pass(self) -> None:
-        """PREPARE the pass's statements on the control connection (again: DEALLOCATE first).
-
-        Called again every reset_check seconds, and when claiming starts after a pass that found
-        nothing: a prepared statement's generic plan is kept until the table is next analyzed, and
-        one planned on an empty queue can be a poor plan for the burst that follows ("next" had
-        one that read every due row, 1 ms a pass).
-        """
-        if self.pass_prepared is not self.control:
-            self.pass_names.clear()  # a new connection has none
-        for name, params in PASS_STATEMENTS:
-            ident = sql.Identifier(f"pgtask_{name}")
-            if name in self.pass_names:
-                await self.control.execute(sql.SQL("DEALLOCATE {}").format(ident))
-                self.pass_names.discard(name)
-            text = self.q(name)
-            for i, param in enumerate(params, 1):
-                text = text.replace(f"%({param})s", f"${i}")
-            await self.control.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(text))
-            self.pass_names.add(name)
-        self.pass_loader = Transformer(self.control)
-        self.pass_prepared, self.pass_prepared_at = self.control, time.monotonic()
+    async def _prepared(self, conn: psycopg.AsyncConnection, name: str, params: tuple[str, ...],
+                        version: object) -> None:
+        """Have the named query ``name`` prepared on ``conn`` as pgtask_<name> (its %(param)s as $n, in
+        the order of ``params``), for ``version``: prepared again when that changed (a new column
+        set for the flush, a new planning round for the claim pass), once per connection otherwise."""
+        have = self.prepared.setdefault(conn, {})
+        if name in have and have[name] == version:
+            return
+        ident = sql.Identifier(f"pgtask_{name}")
+        if name in have:
+            await conn.execute(sql.SQL("DEALLOCATE {}").format(ident))
+            del have[name]
+        text = self.q(name)
+        for i, param in enumerate(params, 1):
+            text = text.replace(f"%({param})s", f"${i}")
+        await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(text))
+        have[name] = version
 
     async def claim_pass(self) -> tuple[int, float | None, bool]:
         """One round trip: BEGIN, expire (once per sleep), claim lock + unlock, claim, next, COMMIT.
@@ -276,10 +271,16 @@ class Scheduler:
         room = self.options.run - len(self.inflight)
         rows: list[dict] = []
         async with self.control_lock:
-            if self.pass_prepared is not self.control or self.pass_replan or \
-                    time.monotonic() - self.pass_prepared_at >= self.options.reset_check:
-                await self._prepare_pass()
-                self.pass_replan = False
+            # Planned again every reset_check seconds, and when claiming starts after a pass that
+            # found nothing: a prepared statement keeps its generic plan until the table is next
+            # analyzed, and one planned on an empty queue can be poor for the burst that follows
+            # ("next" had one that read every due row, 1 ms a pass).
+            if self.pass_replan or time.monotonic() - self.pass_planned_at >= self.options.reset_check:
+                self.pass_plans, self.pass_planned_at, self.pass_replan = self.pass_plans + 1, time.monotonic(), False
+            for name, params in PASS_STATEMENTS:
+                await self._prepared(self.control, name, params, self.pass_plans)
+            if self.pass_loader is None or self.pass_loader.connection is not self.control:
+                self.pass_loader = Transformer(self.control)
             pgconn, oid = self.control.pgconn, int(self.oid)
             text = ["BEGIN"]
             if time.monotonic() - self.last_expiry >= self.options.sleep:
@@ -294,12 +295,7 @@ class Scheduler:
                 text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))})")
             text.append("EXECUTE pgtask_next; COMMIT")
             await wire.send(pgconn, "; ".join(text), "utf-8")
-            results, error = [], None
-            while (res := await wire.next_result(pgconn)) is not None:
-                if res.status == pq.ExecStatus.TUPLES_OK:
-                    results.append(res)
-                elif res.status == pq.ExecStatus.FATAL_ERROR and error is None:
-                    error = res
+            results, error = await wire.results(pgconn)
             if error is not None:  # the rest of the string did not run: end the failed transaction
                 await wire.simple(pgconn, "ROLLBACK")
                 raise errors.error_from_result(error, encoding=self.control.info.encoding)
@@ -536,31 +532,18 @@ class Scheduler:
 
     async def _run_flush(self, conn: psycopg.AsyncConnection, params: dict) -> set[tuple[str, int]]:
         """The flush statement on a writer, prepared once per connection (and per column set),
-        its parameters sent as text and its rows read from libpq: a third of the service's CPU of
+        its parameters sent as text and its rows read from libpq: half the service's CPU of
         psycopg's execute. Returns the (kind, id) rows; a failure raises the psycopg error."""
-        if self.flush_prepared.get(conn) != self.copy_columns:
-            if conn in self.flush_prepared:
-                await conn.execute("DEALLOCATE pgtask_flush")
-                del self.flush_prepared[conn]
-            text = self.q("flush")
-            for i, name in enumerate(FLUSH_PARAMS, 1):
-                text = text.replace(f"%({name})s", f"${i}")
-            await conn.execute(sql.SQL("PREPARE pgtask_flush AS ") + sql.SQL(text))
-            self.flush_prepared[conn] = self.copy_columns
-        enc = conn.info.encoding
-        values = [wire.array(params[name], enc) for name in FLUSH_PARAMS[:-1]] + [params["sync"].encode()]
-        pgconn = conn.pgconn
-        await wire.send_prepared(pgconn, b"pgtask_flush", values)
-        matched, error = set(), None
-        while (res := await wire.next_result(pgconn)) is not None:
-            if res.status == pq.ExecStatus.TUPLES_OK:
-                matched.update((res.get_value(i, 0).decode(), int(res.get_value(i, 1)))
-                               for i in range(res.ntuples))
-            elif res.status == pq.ExecStatus.FATAL_ERROR and error is None:
-                error = res
+        await self._prepared(conn, "flush", FLUSH_PARAMS, self.copy_columns)
+        dump = self.array_dumper.get_dumper
+        values = [dump(v, PyFormat.TEXT).dump(v) for v in (params[name] for name in FLUSH_PARAMS[:-1])]
+        values.append(params["sync"].encode())
+        await wire.send_prepared(conn.pgconn, b"pgtask_flush", values)
+        results, error = await wire.results(conn.pgconn)
         if error is not None:
-            raise errors.error_from_result(error, encoding=enc)
-        return matched
+            raise errors.error_from_result(error, encoding=conn.info.encoding)
+        return {(res.get_value(i, 0).decode(), int(res.get_value(i, 1)))
+                for res in results for i in range(res.ntuples)}
 
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
                           release: bool = True) -> bool:

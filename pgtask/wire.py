@@ -66,19 +66,6 @@ async def send_prepared(pgconn: pq.abc.PGconn, name: bytes, params: list[bytes |
         await _wait(pgconn.socket, write=True)
 
 
-def array(values: list, encoding: str) -> bytes:
-    """A one-dimensional array literal (text format) of ints, strings and None."""
-    parts = []
-    for v in values:
-        if v is None:
-            parts.append("NULL")
-        elif isinstance(v, int):
-            parts.append(str(v))
-        else:
-            parts.append('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"')
-    return ("{" + ",".join(parts) + "}").encode(encoding, "replace")
-
-
 async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     while pgconn.is_busy():
         await _consume(pgconn)
@@ -159,14 +146,21 @@ async def _copy_out(pgconn: pq.abc.PGconn, sink: Callable[[str], None], encoding
             return
 
 
+async def results(pgconn: pq.abc.PGconn) -> tuple[list[pq.abc.PGresult], pq.abc.PGresult | None]:
+    """Every result of the query sent: (those with rows, in order; the first error, or None)."""
+    rows, error = [], None
+    while (res := await next_result(pgconn)) is not None:
+        if res.status == E.TUPLES_OK:
+            rows.append(res)
+        elif res.status == E.FATAL_ERROR and error is None:
+            error = res
+    return rows, error
+
+
 async def simple(pgconn: pq.abc.PGconn, text: str, encoding: str = "utf-8") -> pq.abc.PGresult | None:
     """Run housekeeping statements; return the first error result (results discarded)."""
     await send(pgconn, text, encoding)
-    error = None
-    while (res := await next_result(pgconn)) is not None:
-        if res.status == E.FATAL_ERROR and error is None:
-            error = res
-    return error
+    return (await results(pgconn))[1]
 
 
 def sqlstate(res: pq.abc.PGresult) -> str:

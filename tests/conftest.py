@@ -98,6 +98,13 @@ class Database:
         return self.value(f"INSERT INTO task ({names}) VALUES ({marks}) RETURNING id",
                           [input_text, *columns.values()])
 
+    def claim(self, task_id: int, returning: str = 't."attempt", t."lease"') -> dict:
+        """Move a task to TAKE with a new attempt and lease, as a claim does; the ``returning`` columns."""
+        cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)
+        cur.execute(f"""UPDATE task t SET "state" = 'TAKE', "attempt" = t."attempt" + 1,
+                        "lease" = gen_random_uuid() WHERE t."id" = %s RETURNING {returning}""", (task_id,))
+        return cur.fetchone()
+
     def task(self, task_id: int) -> dict | None:
         cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)
         cur.execute("SELECT * FROM task WHERE id = %s", (task_id,))

@@ -129,8 +129,7 @@ def test_stale_executor_writes_nothing(db, service_factory):
     # (in one transaction, so the service's own claim pass never sees the row in PLAN)
     with db.conn.transaction():
         db.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", (task_id,))
-        db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() "
-                   "WHERE id = %s", (task_id,))
+        db.claim(task_id)
     wait_for(lambda: "lease lost" in service.output(), 15, message="the stale result to be dropped")
     row = db.task(task_id)
     assert row["state"] == "TAKE" and row["output"] is None and row["attempt"] == 2

@@ -9,7 +9,6 @@ import asyncio
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from support import wait_for
 
 from pgtask import executor, wire
@@ -18,13 +17,8 @@ from pgtask.scheduler import TASK_COLUMNS
 
 
 def claim(db, input_text: str) -> Task:
-    """A task in TAKE with its attempt and lease, as a claim leaves it."""
-    task_id = db.insert(input_text)
-    with db.connect(row_factory=dict_row) as conn:
-        row = conn.execute(f"""UPDATE task t SET "state" = 'TAKE', "attempt" = t."attempt" + 1,
-                               "lease" = gen_random_uuid() WHERE t."id" = %s RETURNING {TASK_COLUMNS}""",
-                           (task_id,)).fetchone()
-    return Task.from_row(row)
+    """A new task in TAKE with its attempt and lease, as a claim leaves it."""
+    return Task.from_row(db.claim(db.insert(input_text), TASK_COLUMNS))
 
 
 class Trips:
@@ -204,11 +198,13 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
 
                 running = asyncio.ensure_future(run_input(session, task, "public", "task", oid, 1 << 20,
                                                           start_work=start_work))
-                for _ in range(500):
-                    await asyncio.sleep(0.01)  # yield to the task under test; the poll is the wait
+                for _ in range(500):  # a poll with a 5 s deadline; each turn lets the task under test run
+                    await asyncio.sleep(0.01)
                     if watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
                                        (session.pid,)).fetchone()[0] == "Lock":
                         break
+                else:
+                    raise AssertionError("the one-trip preamble never waited for the row lock")
                 await session.conn.cancel_safe()
                 blocker.execute("ROLLBACK")
                 released.set()

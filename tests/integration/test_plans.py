@@ -1,10 +1,13 @@
 """The claim query's plan: it must stay on the partial indexes however many rows the table holds."""
 
+import asyncio
+
 import psycopg
 from psycopg import sql
 
 from pgtask import sql as named
-from pgtask.scheduler import TASK_COLUMNS
+from pgtask.config import Entry
+from pgtask.scheduler import TASK_COLUMNS, Options, Scheduler
 
 
 def claim_query(conn, name):
@@ -49,11 +52,6 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     """The claim pass's statements are prepared once per control session; planned on an empty
     queue, "next" read every due row through the queue index (1 ms a pass in a burst, PostgreSQL
     15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
-    import asyncio
-
-    from pgtask.config import Entry
-    from pgtask.scheduler import Options, Scheduler
-
     async def go() -> tuple[str, str]:
         entry = Entry(data=db.name, user=db.value("SELECT current_user"), schema="public", table="task",
                       sleep=1000, reset="", run=4, spi=False)

@@ -213,8 +213,8 @@ def test_start_function_starts_only_its_own_claimed_task(db):
     with db.connect("carol") as carol:
         task_id = carol.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
     planned = db.insert("SELECT 1")
-    attempt, lease = db.execute("UPDATE task SET state = 'TAKE', attempt = attempt + 1, lease = gen_random_uuid() "
-                                "WHERE id = %s RETURNING attempt, lease", (task_id,))[0]
+    claimed = db.claim(task_id)
+    attempt, lease = claimed["attempt"], claimed["lease"]
     with db.connect("mallory") as mallory:
         assert mallory.execute("SELECT task_start(%s, %s, %s)", (task_id, attempt, lease)).fetchone()[0] is False
     with db.connect("carol") as carol:
