@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -73,6 +74,20 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its waited-for children, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def running_seconds(pid: int) -> float:
+    """CPU time a live process has run so far (the scheduler's own count, in ns; no children)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+class Run(NamedTuple):
+    """One run_tasks(): wall time, the service's peak RSS and CPU, and the server's CPU."""
+
+    wall: float    # s: max(stop) - insert time, both the database's clock
+    hwm: float     # MB: the service's VmHWM
+    cpu: float     # s: the service process
+    server: float  # s: every PostgreSQL process (backends, autovacuum, WAL writer) but the bench's own
 
 
 class Bench:
@@ -183,15 +198,24 @@ class Bench:
         self.record(key, what, mid, unit, " ".join(x for x in (note, spread) if x))
 
     def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str) -> None:
-        def measure() -> tuple[float, str]:
-            wall, _, cpu = self.run_tasks(n, groups, max_, body)
-            return n / wall, f"(service CPU {cpu / wall:.0%} of one core)"
-        self.repeated(key, what, "tasks/s", measure)
+        server = []
 
-    def run_tasks(self, n: int, groups: int, max_: int, body: str,
-                  remote: str | None = None) -> tuple[float, float, float]:
-        """(wall s, service VmHWM MB, service CPU s) of n tasks inserted at once."""
+        def measure() -> tuple[float, str]:
+            run = self.run_tasks(n, groups, max_, body)
+            server.append(run.server / n * 1e6)
+            return n / run.wall, (f"(service CPU {run.cpu / run.wall:.0%} of one core, "
+                                  f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task)")
+        self.repeated(key, what, "tasks/s", measure)
+        self.figures[f"{key}_server_us"] = statistics.median(server)
+
+    def postmaster_seconds(self) -> float:
+        """CPU of the postmaster and of every child it has reaped (backends that ended, autovacuum)."""
+        return cpu_seconds(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
+
+    def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None) -> Run:
+        """n tasks inserted at once into a fresh database with its own service; see Run."""
         db = self.database()
+        server0, children = self.postmaster_seconds(), self.postmaster_children()
         proc = self.service(db)
         try:
             with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
@@ -208,11 +232,25 @@ class Bench:
                 if fails:
                     err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
                     print(f"  !! {fails} tasks not DONE, e.g. {err}")
+                own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
             cpu = cpu_seconds(proc.pid) - cpu0
             hwm = proc_status(proc.pid, "VmHWM")
         finally:
             self.stop(proc)
-        return wall, hwm, cpu
+        self.wait_children_gone(children)
+        # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
+        return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own)
+
+    def postmaster_children(self) -> set[str]:
+        pid = (self.cluster.data / "postmaster.pid").read_text().split()[0]
+        return set(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+
+    def wait_children_gone(self, before: set[str]) -> None:
+        """Until every server process started since ``before`` has ended (its CPU is then counted
+        in the postmaster's), or 30 s (an autovacuum worker may run longer)."""
+        deadline = time.monotonic() + 30
+        while self.postmaster_children() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def pgtask(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
@@ -376,9 +414,9 @@ class Bench:
         floors, walls, hwms = [], [], []
         for _ in range(self.repeat):
             floors.append(asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000)))
-            wall, hwm, _ = self.run_tasks(1000, 1000, 0, "SELECT pg_sleep(1)", remote=remote)
-            walls.append(wall)
-            hwms.append(hwm)
+            run = self.run_tasks(1000, 1000, 0, "SELECT pg_sleep(1)", remote=remote)
+            walls.append(run.wall)
+            hwms.append(run.hwm)
         spread = "median of {}: {}".format
         self.record("remote_floor", "floor: 1,000 plain psycopg connections, each pg_sleep(1)",
                     statistics.median(floors), "s", "(what this machine allows without pgtask) " +
@@ -406,12 +444,24 @@ class Bench:
         def add(what: str, value: float, goal: str, ok: bool) -> None:
             out.append((what, f"{value:,.2f}", f"{goal} {'ok' if ok else 'MISSED'}"))
 
+        def info(what: str, value: float, note: str) -> None:
+            out.append((what, f"{value:,.2f}", note))
+
         if "g16" in f and "pgbench_N" in f:
             r = f["g16"] / f["pgbench_N"]
             add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
         peer = max(f.get("pgqueuer", 0), f.get("procrastinate", 0))
         if "g16" in f and peer:
             add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
+        if "g16_server_us" in f:
+            # What the server's share alone allows: the figure if the service cost no CPU at all.
+            ceiling = (os.cpu_count() or 1) / (f["g16_server_us"] / 1e6)
+            info("16 groups if the service used no CPU, tasks/s", ceiling,
+                 f"(CPUs / server CPU per task, {f['g16_server_us']:.0f} us)")
+            if "pgbench_N" in f:
+                info("  that bound / pgbench -N", ceiling / f["pgbench_N"], "(the goal needs 0.50 of the real figure)")
+            if peer:
+                info("  that bound / better peer", ceiling / peer, "(the goal needs 1.50 of the real figure)")
         peer_w = max(f.get("pgqueuer_w", 0), f.get("procrastinate_w", 0))
         if "g16_w" in f and peer_w:
             add("16-group row-writing / better peer", f["g16_w"] / peer_w, "(no goal)", True)
