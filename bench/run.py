@@ -12,7 +12,10 @@ machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
 - pgtask throughput: `pgtask run` is started as a subprocess on a fresh database and is ready and
   idle; then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
-  Throughput = tasks / (max(stop) - insert time), both the database's clock.
+  Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
+  task of the service process and of the server (the postmaster and every child it reaped over the
+  run, minus the benchmark's waiting connection), and for 16 groups the bound the server's share
+  sets: the rate if the service used no CPU (CPUs / server CPU per task).
 - peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
   this process, started and idle; all jobs are enqueued in one batch call; wall time until every
   job is finished. Concurrency 16; the job body runs the same SQL on a 16-connection pool.
