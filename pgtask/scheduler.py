@@ -47,9 +47,10 @@ PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")), ("cl
                    ("next", ()))
 
 
-# The flush's parameters, in the order of its prepared statement's $n.
-FLUSH_PARAMS = ("w_id", "w_attempt", "w_lease", "w_pid", "f_id", "f_attempt", "f_lease", "f_output", "f_error",
-                "sync")
+# The flushes' parameters, in the order of their prepared statements' $n: "flush", and
+# "flush_finish" for a batch of finishes none of which repeats (see queries.sql).
+FINISH_PARAMS = ("f_id", "f_attempt", "f_lease", "f_output", "f_error")
+FLUSH_PARAMS = ("w_id", "w_attempt", "w_lease", "w_pid", *FINISH_PARAMS, "sync")
 
 
 @dataclass
@@ -135,7 +136,9 @@ class Scheduler:
             cols_t = ", ".join(f"t.{c.strip()}" for c in self.copy_columns.split(",")) if self.copy_columns else ""
             self._queries[name] = sql.SQL(named.query("queries.sql", name)).format(
                 table=self.table, task_columns=sql.SQL(TASK_COLUMNS),
-                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t)).as_string(None)
+                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t),
+                flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=self.table),
+            ).as_string(None)
         return self._queries[name]
 
     async def refresh_columns(self, conn: psycopg.AsyncConnection) -> None:
@@ -506,8 +509,10 @@ class Scheduler:
                             await conn.execute(self.q("flush_delete"), {
                                 "id": [t.id for t in deletes], "attempt": [t.attempt for t in deletes],
                                 "lease": [t.lease for t in deletes]})
+                    elif works or any(t.repeats for t, _, _ in finishes):
+                        matched = await self._run_flush(conn, "flush", FLUSH_PARAMS, params)
                     else:
-                        matched = await self._run_flush(conn, params)
+                        matched = await self._run_flush(conn, "flush_finish", FINISH_PARAMS, params)
                 break
             except psycopg.OperationalError as exc:
                 if self.stopping and not self.draining:
@@ -530,15 +535,17 @@ class Scheduler:
         for task, _, fut in finishes:
             fut.set_result(("f", task.id) in matched)
 
-    async def _run_flush(self, conn: psycopg.AsyncConnection, params: dict) -> set[tuple[str, int]]:
-        """The flush statement on a writer, prepared once per connection (and per column set),
-        its parameters sent as text and its rows read from libpq: half the service's CPU of
-        psycopg's execute. Returns the (kind, id) rows; a failure raises the psycopg error."""
-        await self._prepared(conn, "flush", FLUSH_PARAMS, self.copy_columns)
+    async def _run_flush(self, conn: psycopg.AsyncConnection, name: str, names: tuple[str, ...],
+                         params: dict) -> set[tuple[str, int]]:
+        """A flush statement (``name``, its parameters ``names``) on a writer, prepared once per
+        connection (and per column set), its parameters sent as text and its rows read from libpq:
+        half the service's CPU of psycopg's execute. Returns the (kind, id) rows; a failure raises
+        the psycopg error."""
+        await self._prepared(conn, name, names, self.copy_columns)
         dump = self.array_dumper.get_dumper
-        values = [dump(v, PyFormat.TEXT).dump(v) for v in (params[name] for name in FLUSH_PARAMS[:-1])]
-        values.append(params["sync"].encode())
-        await wire.send_prepared(conn.pgconn, b"pgtask_flush", values)
+        values = [v.encode() if isinstance(v, str) else dump(v, PyFormat.TEXT).dump(v)
+                  for v in (params[n] for n in names)]
+        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), values)
         results, error = await wire.results(conn.pgconn)
         if error is not None:
             raise errors.error_from_result(error, encoding=conn.info.encoding)

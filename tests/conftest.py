@@ -20,6 +20,8 @@ from psycopg.conninfo import make_conninfo
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir, find_bindir
+from pgtask.config import Entry
+from pgtask.scheduler import Options, Scheduler
 from support import Service, _free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +106,15 @@ class Database:
         cur.execute(f"""UPDATE task t SET "state" = 'TAKE', "attempt" = t."attempt" + 1,
                         "lease" = gen_random_uuid() WHERE t."id" = %s RETURNING {returning}""", (task_id,))
         return cur.fetchone()
+
+    def scheduler(self, run: int = 4) -> Scheduler:
+        """A scheduler for this database's task table, in this process (not started; the caller
+        awaits start() and close()), polling every second, orphan checks off."""
+        entry = Entry(data=self.name, user=self.value("SELECT current_user"), schema="public", table="task",
+                      sleep=1000, reset="", run=run, spi=False)
+        return Scheduler(entry, self.cluster.conninfo(), Options(
+            sleep=1.0, run=run, limit=1000, reset_check=3600, output_limit=1 << 20, execute_as="login",
+            grace=1))
 
     def task(self, task_id: int) -> dict | None:
         cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)

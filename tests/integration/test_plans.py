@@ -6,8 +6,7 @@ import psycopg
 from psycopg import sql
 
 from pgtask import sql as named
-from pgtask.config import Entry
-from pgtask.scheduler import TASK_COLUMNS, Options, Scheduler
+from pgtask.scheduler import TASK_COLUMNS
 
 
 def claim_query(conn, name):
@@ -53,11 +52,7 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     queue, "next" read every due row through the queue index (1 ms a pass in a burst, PostgreSQL
     15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
     async def go() -> tuple[str, str]:
-        entry = Entry(data=db.name, user=db.value("SELECT current_user"), schema="public", table="task",
-                      sleep=1000, reset="", run=4, spi=False)
-        sched = Scheduler(entry, db.cluster.conninfo(), Options(
-            sleep=1.0, run=4, limit=1000, reset_check=3600, output_limit=1 << 20, execute_as="login",
-            grace=1))
+        sched = db.scheduler()
         await sched.start()
         sched.dispatch = lambda task: sched.inflight.__setitem__(task.id, (task, None))
         try:

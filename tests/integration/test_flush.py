@@ -1,0 +1,46 @@
+"""Group commit of finishes (Scheduler._flush): which statement writes a batch, and that each one
+keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, error, the repeat."""
+
+import asyncio
+
+
+def prepared_names(sched) -> set[str]:
+    return set().union(*(names.keys() for names in sched.prepared.values()))
+
+
+def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
+    plain = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]
+    lost = db.insert("SELECT 1", group="lost")
+    repeating = db.insert("SELECT 1", group="r", repeat="1 hour")
+
+    async def go() -> tuple[set[str], set[str]]:
+        sched = db.scheduler(run=10)
+        claimed = {}
+        await sched.start()
+        sched.dispatch = lambda task: (claimed.__setitem__(task.id, task),
+                                       sched.inflight.__setitem__(task.id, (task, None)))
+        try:
+            assert (await sched.claim_pass())[0] == 5
+            # another claim took `lost` meanwhile: its finish must not land
+            db.execute("UPDATE task SET lease = gen_random_uuid() WHERE id = %s", (lost,))
+            await asyncio.gather(
+                sched.finish(claimed[plain[0]], "1", None),
+                sched.finish(claimed[plain[1]], "", "ERROR:  boom"),
+                sched.finish(claimed[plain[2]], "a\tb", None),
+                sched.finish(claimed[lost], "1", None))
+            lean = prepared_names(sched)
+            await sched.finish(claimed[repeating], "1", None)
+            return lean, prepared_names(sched)
+        finally:
+            await sched.close()
+
+    lean, full = asyncio.run(go())
+    assert "flush_finish" in lean and "flush" not in lean, lean
+    assert "flush" in full, full
+    rows = [db.task(i) for i in plain]
+    assert [(r["state"], r["output"], r["error"]) for r in rows] == [
+        ("DONE", "1", None), ("FAIL", "", "ERROR:  boom"), ("DONE", "a\tb", None)]
+    assert all(r["stop"] is not None for r in rows)
+    assert db.task(lost)["state"] == "TAKE" and db.task(lost)["output"] is None
+    assert db.task(repeating)["state"] == "DONE"
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", (repeating,)) == 1
