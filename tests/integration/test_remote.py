@@ -14,8 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from support import _free_port, wait_for
 
+from pgtask import remote
 from pgtask.cluster import Cluster
 
 
@@ -55,6 +57,14 @@ def scram_conninfo(c: Cluster, password: str = "bob secret") -> str:
 def remote_activity(conn, pid: int) -> tuple | None:
     rows = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall()
     return rows[0] if rows else None
+
+
+def test_conninfo_quotes_every_value():
+    """The connection string the service builds reads back, through libpq's parser, as the exact
+    values it was built from: quotes, backslashes, spaces, '=', empty, non-ASCII."""
+    params = {"application_name": "pg_task public task it's a \\group", "options": "-c pg_task.group=a\\ b",
+              "password": "p'w\\\\d = x", "dbname": "", "user": "björk", "host": "/tmp"}
+    assert conninfo_to_dict(remote.conninfo(params)) == params
 
 
 # -- the manual's restriction table, remote column ------------------------------------------------
