@@ -93,26 +93,22 @@ class Connection:
 
     def __init__(self, conn: psycopg.AsyncConnection):
         self.conn = conn
-
-    @property
-    def pgconn(self) -> pq.abc.PGconn:
-        return self.conn.pgconn
-
-    @property
-    def pid(self) -> int:
-        return self.conn.info.backend_pid
-
-    @property
-    def encoding(self) -> str:
-        return self.conn.info.encoding
+        self.pgconn: pq.abc.PGconn = conn.pgconn
+        self.pid: int = conn.info.backend_pid
+        # The connection's own client_encoding, which a session reset restores (read once: psycopg
+        # builds a ConnectionInfo for every .info).
+        self.encoding: str = conn.info.encoding
 
 
 # DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
 # role, temporary tables, prepared statements, cursors, LISTEN, advisory locks, sequence state);
 # cached plans are not visible state -- keeping them spares re-planning the start function and the
-# table's triggers for every task. Unlike DISCARD ALL it may run inside the next task's preamble.
-RESET_SESSION = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
-                 "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES")
+# table's triggers for every task. Unlike DISCARD ALL it may run inside the next task's preamble;
+# there the advisory unlock is a column of the preamble's SELECT (one statement less a task).
+_RESET_STATEMENTS = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+                     "DISCARD TEMP; DISCARD SEQUENCES")
+_UNLOCK = "pg_advisory_unlock_all()"
+RESET_SESSION = f"{_RESET_STATEMENTS}; SELECT {_UNLOCK}"
 
 
 class Session(Connection):
@@ -243,18 +239,20 @@ def _start_function(schema: str, table: str) -> str:
 
 
 def _start(task: Task, schema: str, table: str) -> str:
-    return (f"{_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, "
-            f"'{uuid.UUID(str(task.lease))}'::uuid)")
+    lease = task.lease if isinstance(task.lease, uuid.UUID) else uuid.UUID(str(task.lease))  # into SQL text
+    return f"{_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
 
 
-def _session_settings(task: Task, schema: str, table: str, oid: int) -> str:
+def _session_settings(task: Task, schema: str, table: str, oid: int, reset: bool) -> str:
     return (f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
             f"set_config('statement_timeout', '{int(task.timeout_ms)}', false), "
-            "set_config('synchronous_commit', 'off', true)")
+            f"set_config('synchronous_commit', 'off', true){', ' + _UNLOCK if reset else ''}")
 
 
 def _lead(task: Task, set_role: bool, reset: bool) -> str:
-    return f"{RESET_SESSION + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
+    """The statements before the preamble's SELECT: the reset (its advisory unlock is in the
+    SELECT, see _session_settings), then SET ROLE in set_role mode."""
+    return f"{_RESET_STATEMENTS + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
 
 
 def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False) -> str:
@@ -266,7 +264,7 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, rese
     ``reset``: the session is first reset from its previous task (RESET_SESSION).
     """
     return (f"{_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, {spi_mode.setting(set_role)}, "
-            f"{_session_settings(task, schema, table, oid)}")
+            f"{_session_settings(task, schema, table, oid, reset)}")
 
 
 # Input that may not share its query string with the preamble: statements that refuse to run in a
@@ -299,8 +297,8 @@ def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Se
     # 1 / false::int: an error (division by zero) computed at run time, after the start function
     text = (f"{_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
             f"AND {spi_mode.setting(session.set_role)} IS NOT DISTINCT FROM {expected})::int, "
-            f"{_session_settings(task, schema, table, oid)}; COMMIT; ")
-    statements = (RESET_SESSION.count(";") + 1 if reset else 0) + int(session.set_role) + 2
+            f"{_session_settings(task, schema, table, oid, reset)}; COMMIT; ")
+    statements = (_RESET_STATEMENTS.count(";") + 1 if reset else 0) + int(session.set_role) + 2
     return text, statements
 
 
@@ -311,7 +309,7 @@ async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | N
     rows, error = await wire.results(session.pgconn)
     if error is not None or not rows:
         return error, False, None
-    res = rows[-1]  # the SELECT (a reset's pg_advisory_unlock_all() row comes before it)
+    res = rows[-1]  # the SELECT: the only statement with rows
     raw = res.get_value(0, 1)
     return None, res.get_value(0, 0) == b"t", raw.decode(session.encoding) if raw is not None else None
 

@@ -91,6 +91,26 @@ def test_one_round_trip_keeps_output_and_error_text(db, monkeypatch):
     assert results[4][:2] == ("x\ty\n\tt", None)  # this task's pg_task.id was set before its input ran
 
 
+def test_the_next_task_in_the_same_round_trip_finds_the_session_reset(db, monkeypatch):
+    """What a task leaves on its session (an advisory lock, a temporary table, a setting, a role,
+    a LISTEN, a prepared statement) is gone for the next task, whose preamble resets the session in
+    the same query string."""
+    role = db.role("leftover_role")
+    trips = Trips(monkeypatch)
+    results = run_tasks(db, [
+        "SELECT 1",
+        f"SELECT pg_advisory_lock(4243); CREATE TEMP TABLE left_over (a int); SET work_mem = '7MB'; "
+        f"SET ROLE {role}; LISTEN somewhere; PREPARE p AS SELECT 1",
+        "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()), "
+        "to_regclass('pg_temp.left_over'), current_setting('work_mem'), current_user = session_user, "
+        "(SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_prepared_statements)"],
+        trips)
+    assert [r[2] for r in results] == [2, 2, 1]  # PREPARE takes its own round trip; the check does not
+    assert results[1][1] is None, results[1]
+    assert results[2][:2] == ("count\tto_regclass\tcurrent_setting\t?column?\tcount\tcount\n"
+                              "0\t\\N\t4MB\tt\t0\t0", None)
+
+
 @pytest.mark.parametrize("text,output", [
     ("VACUUM", "VACUUM"),                                    # refuses to run in a transaction block
     ("LOCK TABLE task", ""),                                 # would work only inside one
