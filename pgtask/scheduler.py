@@ -124,7 +124,8 @@ class Scheduler:
         self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
         self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
-        self.flushers: set[asyncio.Task] = set()
+        self.flushers: dict[asyncio.Task, float] = {}  # flusher -> since when it writes its batch
+        self.flush_check: asyncio.TimerHandle | None = None
         self.array_dumper = Transformer()  # the flush's arrays, as psycopg writes them in text
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
@@ -445,9 +446,13 @@ class Scheduler:
     # -- group commit ----------------------------------------------------------------------------
     # Writes of tasks starting or finishing at the same time share one statement and one commit: a
     # flusher takes everything pending, and while its commit is in flight the next batch gathers.
+    # One flusher at a time (bigger batches: fewer statements and commits); a second one only while
+    # the one in flight has been writing its batch for SLOW_FLUSH seconds -- a row lock someone else
+    # holds must not hold up every other task's writes.
     # Every row stays fenced on attempt + lease; if a batch fails for a reason of the database (a
     # user's trigger refusing one row), each of its rows is written on its own, as before.
     MAX_FLUSHERS = 2
+    SLOW_FLUSH = 0.05
     MAX_BATCH = 256
 
     def _submit(self, kind: str, task: Task, payload: Any) -> asyncio.Future:
@@ -457,9 +462,23 @@ class Scheduler:
         return fut
 
     def _spawn_flusher(self) -> None:
-        if self.pending and len(self.flushers) < self.MAX_FLUSHERS:
-            t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
-            self.flushers.add(t)
+        """A flusher for what is pending, unless one is writing and not slow yet: then look again
+        when it would be (it takes the pending writes itself when its batch is done)."""
+        if not self.pending or len(self.flushers) >= self.MAX_FLUSHERS:
+            return
+        now = time.monotonic()
+        writing = [since for since in self.flushers.values() if now - since < self.SLOW_FLUSH]
+        if writing:
+            if self.flush_check is None:
+                self.flush_check = asyncio.get_running_loop().call_later(
+                    max(writing) + self.SLOW_FLUSH - now, self._flush_checked)
+            return
+        t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
+        self.flushers[t] = now
+
+    def _flush_checked(self) -> None:
+        self.flush_check = None
+        self._spawn_flusher()
 
     async def _flush_loop(self) -> None:
         me = asyncio.current_task()
@@ -467,6 +486,7 @@ class Scheduler:
             await asyncio.sleep(0)  # let tasks ready in this loop iteration join the batch
             while self.pending:
                 batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
+                self.flushers[me] = time.monotonic()  # writing a batch since
                 try:
                     await self._flush(batch)
                 except BaseException as exc:
@@ -479,7 +499,7 @@ class Scheduler:
             # Leave the set in the same step as the last look at `pending` (no await in between): a
             # write submitted after that look finds room for a new flusher instead of waiting forever
             # on one that is already on its way out.
-            self.flushers.discard(me)
+            self.flushers.pop(me, None)
             self._spawn_flusher()
 
     async def _flush(self, batch: list) -> None:
@@ -686,6 +706,9 @@ class Scheduler:
         for t in list(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.flush_check is not None:
+            self.flush_check.cancel()
+            self.flush_check = None
         for t in list(self.flushers):
             t.cancel()
         await asyncio.gather(*self.flushers, return_exceptions=True)

@@ -3,6 +3,8 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 
 import asyncio
 
+from support import wait_for
+
 
 def prepared_names(sched) -> set[str]:
     return set().union(*(names.keys() for names in sched.prepared.values()))
@@ -44,3 +46,21 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
     assert db.task(lost)["state"] == "TAKE" and db.task(lost)["output"] is None
     assert db.task(repeating)["state"] == "DONE"
     assert db.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", (repeating,)) == 1
+
+
+def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service):
+    """Finishes are written one batch at a time; one that waits (here on a row lock someone else
+    holds) gets a second writer beside it, so other tasks still finish meanwhile."""
+    slow = db.insert("SELECT pg_sleep(0.3)", group="a")
+    db.wait_state(slow, states=("WORK",))
+    with db.connect() as locker:
+        locker.execute("BEGIN")
+        locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (slow,))  # held until COMMIT
+        wait_for(lambda: db.value(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%pgtask_flush%%'"),
+            message="the slow task's finish to wait for the row lock")
+        quick = db.insert("SELECT 1", group="b")
+        assert db.wait_state(quick, timeout=10)["state"] == "DONE"
+        assert db.task(slow)["state"] == "WORK"  # its finish still waits
+        locker.execute("COMMIT")
+    assert db.wait_state(slow)["state"] == "DONE"
