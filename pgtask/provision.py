@@ -353,6 +353,12 @@ class TableProvisioner:
             if await self._relation(rel) is None:
                 await c.execute(q(query_name, index=sql.Identifier(rel)))
                 self.report.add(f"created index {rel}")
+        for suffix in OBSOLETE_INDEXES:
+            rel = _ident_name(f"{self.table}_{suffix}")
+            if await _one(c, "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND indrelid = %s",
+                          (sql.Identifier(self.schema, rel).as_string(c), oid)) is not None:
+                await c.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(self.schema, rel)))
+                self.report.add(f"dropped index {self.schema}.{rel} (no longer used)")
         for suffix, (query_name, trigger_on) in EXTRA_FUNCTIONS.items():
             fn_name = _ident_name(f"{self.table}_{suffix}")
             create_fn = q(query_name, fn=sql.Identifier(self.schema, fn_name))
@@ -385,8 +391,10 @@ class TableProvisioner:
 EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group"}
 # index name suffix -> (table it is on, query in schedule.sql)
 EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
-                 "key_expires_idx": ("keys", "index_keys_expires"),
-                 "live_group_idx": ("table", "index_live_group")}
+                 "key_expires_idx": ("keys", "index_keys_expires")}
+# index name suffixes of the task table's own indexes that earlier versions created and nothing
+# uses any more: dropped when found (each cost every task's every state change an index entry)
+OBSOLETE_INDEXES = ("live_group_idx",)
 # function name suffix -> (query in schedule.sql, the table its trigger is on or None)
 EXTRA_FUNCTIONS = {"capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
                    "schedule_next": ("schedule_next", None),

@@ -26,7 +26,7 @@ def test_provisioning_is_idempotent(db):
     import asyncio
     assert asyncio.run(again()) == []
     names = {r[0] for r in db.execute("SELECT relname FROM pg_class WHERE relname LIKE 'task%'")}
-    assert {"task_schedule", "task_occurrence", "task_key", "task_group", "task_live_group_idx"} <= names
+    assert {"task_schedule", "task_occurrence", "task_key", "task_group"} <= names
 
 
 def test_provision_other_schema_and_table(cluster, db):

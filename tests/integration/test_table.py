@@ -57,6 +57,17 @@ def test_provision_is_idempotent_and_keeps_user_objects(db):
     assert sorted(provision_again(db).actions) == ["created index task_parent_idx", "set default of public.task.max"]
 
 
+def test_provision_drops_the_index_it_no_longer_uses(db):
+    """Earlier versions counted a group's live rows through an index of their own; its successor
+    drops it (only that one: a user's index of the same shape under another name stays)."""
+    db.execute("""CREATE INDEX task_live_group_idx ON task ("group") WHERE state IN ('PLAN', 'TAKE', 'WORK')""")
+    db.execute("""CREATE INDEX my_live_group ON task ("group") WHERE state IN ('PLAN', 'TAKE', 'WORK')""")
+    assert provision_again(db).actions == ["dropped index public.task_live_group_idx (no longer used)"]
+    assert db.value("SELECT to_regclass('task_live_group_idx')") is None
+    assert db.value("SELECT to_regclass('my_live_group')") is not None
+    assert provision_again(db).actions == []
+
+
 @pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "tâsk \"x\"")])
 def test_hostile_names(db, schema, table):
     report = provision_again(db, schema, table)
