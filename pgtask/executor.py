@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import pglast
 import psycopg
 from psycopg import pq, sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import spi as spi_mode
 from . import wire
@@ -122,9 +122,11 @@ class Session(Connection):
 
     RESET_DELAY = 0.02
 
-    def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool):
+    def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool,
+                 settings: tuple[tuple[str, str], ...] = ()):
         super().__init__(conn)
         self.user, self.set_role = user, set_role
+        self.settings = settings  # its own (connection) settings, which a reset restores: see get()
         self.needs_reset = False
         self.idle_since = 0.0  # loop time it was last put back into the pool
         # the author's pg_task.spi as the last preamble read it (spi_known: one has read it)
@@ -159,20 +161,25 @@ class SessionPool:
         self.no_login: set[str] = set()
         self.chores: set[asyncio.Task] = set()  # resets of idle sessions, closes of trimmed ones
         self.trim: asyncio.TimerHandle | None = None
+        self.base_options = conninfo_to_dict(base_conninfo).get("options")
 
-    async def get(self, user: str, application_name: str) -> Session:
+    async def get(self, user: str, settings: tuple[tuple[str, str], ...] = ()) -> Session:
+        """An idle session of ``user`` -- one opened with these ``settings`` if there is one (see
+        group_settings), else the most recently used -- or a new one opened with them: settings
+        given at connection start are the session's own, which its reset restores, so a task
+        whose settings they are needs no set_config for them."""
         pool = self.idle.get(user)
         while pool:
-            session = pool.pop()
+            i = next((i for i in range(len(pool) - 1, -1, -1) if pool[i].settings == settings), -1)
+            session = pool.pop(i)
             if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 return session
             await session.conn.close()
         use_login = self.mode == "login" or (self.mode == "auto" and user not in self.no_login)
         if use_login or user == self.service_user:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    make_conninfo(self.base, user=user, application_name=application_name), autocommit=True)
-                return Session(conn, user, set_role=False)
+                conn = await psycopg.AsyncConnection.connect(self._conninfo(settings, user), autocommit=True)
+                return Session(conn, user, set_role=False, settings=settings)
             except psycopg.OperationalError as exc:
                 if self.mode == "login" or "not permitted to log in" not in str(exc) and \
                         "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
@@ -180,9 +187,20 @@ class SessionPool:
                 self.no_login.add(user)
                 log.warning("role %s cannot log in (%s); its tasks run through SET ROLE from the service role",
                             user, reason(exc))
-        conn = await psycopg.AsyncConnection.connect(
-            make_conninfo(self.base, application_name=application_name), autocommit=True)
-        return Session(conn, user, set_role=True)
+        conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
+        return Session(conn, user, set_role=True, settings=settings)
+
+    def _conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
+        """The base connection string with ``settings``: application_name, and the others as
+        ``-c`` options after the base string's own options."""
+        own = dict(settings)
+        extra = {"user": user} if user else {}
+        if "application_name" in own:
+            extra["application_name"] = own.pop("application_name")
+        options = " ".join(f"-c {name}={escape_option(value)}" for name, value in own.items())
+        if options:
+            extra["options"] = f"{self.base_options} {options}" if self.base_options else options
+        return make_conninfo(self.base, **extra)
 
     async def put(self, session: Session) -> None:
         if session.conn.closed:
@@ -252,13 +270,27 @@ class SessionPool:
         self.idle.clear()
 
 
+def escape_option(value: str) -> str:
+    """A value inside libpq's ``options``: backslash and whitespace get a backslash before them."""
+    return re.sub(r"([\\\s])", r"\\\1", value)
+
+
 @functools.lru_cache(maxsize=1024)
-def _settings(group: str, schema: str, table: str, oid: int) -> str:
-    """The preamble's settings that are the same for every task of a group (quoted once, then cached)."""
-    return ", ".join(
-        sql.SQL("set_config({}, {}, false)").format(sql.Literal(name), sql.Literal(value)).as_string(None)
-        for name, value in (("pg_task.group", group), ("pg_task.schema", schema), ("pg_task.table", table),
-                            ("pg_task.oid", str(oid)), ("application_name", f"pg_task {schema} {table} {group}")))
+def group_settings(group: str, schema: str, table: str, oid: int) -> tuple[tuple[str, str], ...]:
+    """What the manual's worker sets for every task of a group: pg_task.group, .schema, .table,
+    .oid and application_name. A session is opened with them (SessionPool.get)."""
+    return (("pg_task.group", group), ("pg_task.schema", schema), ("pg_task.table", table),
+            ("pg_task.oid", str(oid)), ("application_name", f"pg_task {schema} {table} {group}"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _set_configs(wanted: tuple[tuple[str, str], ...], own: tuple[tuple[str, str], ...]) -> str:
+    """``set_config(...), `` for each of ``wanted`` that the session's ``own`` settings do not
+    already give it (quoted once, then cached)."""
+    have = dict(own)
+    return "".join(
+        sql.SQL("set_config({}, {}, false), ").format(sql.Literal(name), sql.Literal(value)).as_string(None)
+        for name, value in wanted if have.get(name) != value)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -276,8 +308,11 @@ def _start(task: Task, schema: str, table: str) -> str:
     return f"{_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
 
 
-def _session_settings(task: Task, schema: str, table: str, oid: int, reset: bool) -> str:
-    return (f"set_config('pg_task.id', '{int(task.id)}', false), {_settings(task.group, schema, table, oid)}, "
+def _session_settings(task: Task, schema: str, table: str, oid: int, reset: bool, own: tuple) -> str:
+    """The preamble's settings: pg_task.id, the group's settings the session does not have of its
+    own, statement_timeout; synchronous_commit off for the preamble's own commit."""
+    return (f"set_config('pg_task.id', '{int(task.id)}', false), "
+            f"{_set_configs(group_settings(task.group, schema, table, oid), own)}"
             f"set_config('statement_timeout', '{int(task.timeout_ms)}', false), "
             f"set_config('synchronous_commit', 'off', true){', ' + _UNLOCK if reset else ''}")
 
@@ -288,7 +323,8 @@ def _lead(task: Task, set_role: bool, reset: bool) -> str:
     return f"{_RESET_STATEMENTS + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
 
 
-def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False) -> str:
+def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False,
+             own: tuple = ()) -> str:
     """What the manual's pg_task worker sets before input (session settings pg_task.id, .group,
     .schema, .table, .oid, application_name, statement_timeout), then, in the same statement: the
     task's start (the table's start function: the fenced TAKE -> WORK write, see triggers.sql) and
@@ -297,7 +333,7 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, rese
     ``reset``: the session is first reset from its previous task (RESET_SESSION).
     """
     return (f"{_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, {spi_mode.setting(set_role)}, "
-            f"{_session_settings(task, schema, table, oid, reset)}")
+            f"{_session_settings(task, schema, table, oid, reset, own)}")
 
 
 # Input that may not share its query string with the preamble: statements that refuse to run in a
@@ -330,7 +366,7 @@ def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Se
     # 1 / false::int: an error (division by zero) computed at run time, after the start function
     text = (f"{_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
             f"AND {spi_mode.setting(session.set_role)} IS NOT DISTINCT FROM {expected})::int, "
-            f"{_session_settings(task, schema, table, oid, reset)}; COMMIT; ")
+            f"{_session_settings(task, schema, table, oid, reset, session.settings)}; COMMIT; ")
     statements = (_RESET_STATEMENTS.count(";") + 1 if reset else 0) + int(session.set_role) + 2
     return text, statements
 
@@ -401,7 +437,8 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
         err, started, spi_value = cancelled, False, None
     else:
         err, started, spi_value = await run_preamble(
-            session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset))
+            session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset,
+                              own=session.settings))
     _raise_if_lost(err)
     session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
     if err is None:

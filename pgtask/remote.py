@@ -20,7 +20,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
@@ -29,7 +28,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
-from .executor import Connection, NotStarted, Task
+from .executor import Connection, NotStarted, Task, escape_option
 from .output import Output, format_error, reason, simple_error
 
 if TYPE_CHECKING:
@@ -56,11 +55,6 @@ class RemoteConnection(Connection):
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection
             await self.conn.close()
-
-
-def escape_option(value: str) -> str:
-    """A value inside libpq's ``options``: backslash and whitespace get a backslash before them."""
-    return re.sub(r"([\\\s])", r"\\\1", value)
 
 
 @functools.lru_cache(maxsize=256)

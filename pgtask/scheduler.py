@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import provision, remote, wire
 from . import sql as named
 from .config import Entry
-from .executor import NotStarted, Session, SessionPool, Task, run_input
+from .executor import NotStarted, Session, SessionPool, Task, group_settings, run_input
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import reason, simple_error
 
@@ -368,10 +368,10 @@ class Scheduler:
         """A session for the task's author. If the server itself is unreachable (restarting, shutting
         down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
         not log in, authentication refused) fails the task with the reason."""
-        name = f"pg_task {self.entry.schema} {self.entry.table} {task.group}"
+        settings = group_settings(task.group, self.entry.schema, self.entry.table, self.oid)
         for attempt in (1, 2):
             try:
-                return await self.sessions.get(task.user, name)
+                return await self.sessions.get(task.user, settings)
             except psycopg.Error as exc:
                 if not await self._server_up():
                     log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
@@ -496,7 +496,7 @@ class Scheduler:
                     if not isinstance(exc, Exception):
                         raise
         finally:
-            # Leave the set in the same step as the last look at `pending` (no await in between): a
+            # Leave `flushers` in the same step as the last look at `pending` (no await in between): a
             # write submitted after that look finds room for a new flusher instead of waiting forever
             # on one that is already on its way out.
             self.flushers.pop(me, None)

@@ -47,7 +47,7 @@ def run_tasks(db, inputs: list[str], trips: Trips, break_lease_of: int | None = 
 
     async def go() -> list:
         pool = SessionPool(db.dsn, user, "login")
-        session = await pool.get(user, "test")
+        session = await pool.get(user)
         results = []
         try:
             for i, text in enumerate(inputs):
@@ -109,6 +109,31 @@ def test_the_next_task_in_the_same_round_trip_finds_the_session_reset(db, monkey
     assert results[1][1] is None, results[1]
     assert results[2][:2] == ("count\tto_regclass\tcurrent_setting\t?column?\tcount\tcount\n"
                               "0\t\\N\t4MB\tt\t0\t0", None)
+
+
+def test_a_session_runs_each_groups_task_with_that_groups_settings(db):
+    """A session is opened with its first group's settings as connection options (pg_task.group,
+    .schema, .table, .oid, application_name), which its reset restores: a task of another group on
+    it sets its own, and the next task of the first group finds the first group's again."""
+    oid = db.value("SELECT 'task'::regclass::oid")
+    user = db.value("SELECT current_user")
+    probe = ("SELECT current_setting('pg_task.group'), current_setting('application_name'), "
+             "current_setting('pg_task.schema'), current_setting('pg_task.table'), current_setting('pg_task.oid')")
+
+    async def go() -> list:
+        pool = SessionPool(db.dsn, user, "login")
+        session = await pool.get(user, executor.group_settings("g 1", "public", "task", oid))
+        results = []
+        try:
+            for group in ("g 1", "g2", "g 1"):
+                task = Task.from_row(db.claim(db.insert(probe, group=group, header=False), TASK_COLUMNS))
+                results.append(await run_input(session, task, "public", "task", oid, 1 << 20))
+        finally:
+            await pool.discard(session)
+        return results
+
+    assert asyncio.run(go()) == [(f"{g}\tpg_task public task {g}\tpublic\ttask\t{oid}", None)
+                                 for g in ("g 1", "g2", "g 1")]
 
 
 @pytest.mark.parametrize("text,output", [
@@ -198,7 +223,7 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
 
     async def go():
         pool = SessionPool(db.dsn, user, "login")
-        session = await pool.get(user, "test")
+        session = await pool.get(user)
         try:
             await run_input(session, claim(db, "SELECT 1"), "public", "task", oid, 1 << 20)
             task = claim(db, "INSERT INTO marker VALUES (1)")

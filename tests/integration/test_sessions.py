@@ -29,7 +29,7 @@ def test_idle_sessions_beyond_the_cap_are_closed_after_a_while(db, monkeypatch):
     async def go() -> tuple[list[int], list[int]]:
         pool = SessionPool(db.dsn, user, "login", idle_per_user=2)
         try:
-            sessions = [await pool.get(user, "pg_task test") for _ in range(5)]
+            sessions = [await pool.get(user) for _ in range(5)]
             for s in sessions:
                 await pool.put(s)
             assert len(pool.idle[user]) == 5  # all kept for now
