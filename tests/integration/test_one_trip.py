@@ -99,35 +99,44 @@ def test_the_next_task_in_the_same_round_trip_finds_the_session_reset(db, monkey
     trips = Trips(monkeypatch)
     results = run_tasks(db, [
         "SELECT 1",
-        f"SELECT pg_advisory_lock(4243); CREATE TEMP TABLE left_over (a int); SET work_mem = '7MB'; "
-        f"SET ROLE {role}; LISTEN somewhere; PREPARE p AS SELECT 1",
-        "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()), "
-        "to_regclass('pg_temp.left_over'), current_setting('work_mem'), current_user = session_user, "
-        "(SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_prepared_statements)"],
+        (f"SELECT pg_advisory_lock(4243); CREATE TEMP TABLE left_over (a int); SET work_mem = '7MB'; "
+         f"SET ROLE {role}; LISTEN somewhere; PREPARE p AS SELECT 1"),
+        ("SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()), "
+         "to_regclass('pg_temp.left_over'), current_setting('work_mem'), current_user = session_user, "
+         "(SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_prepared_statements)")],
         trips)
     assert [r[2] for r in results] == [2, 2, 1]  # PREPARE takes its own round trip; the check does not
     assert results[1][1] is None, results[1]
-    assert results[2][:2] == ("count\tto_regclass\tcurrent_setting\t?column?\tcount\tcount\n"
-                              "0\t\\N\t4MB\tt\t0\t0", None)
+    assert results[2][:2] == (("count\tto_regclass\tcurrent_setting\t?column?\tcount\tcount\n"
+                               "0\t\\N\t4MB\tt\t0\t0"), None)
 
 
-def test_a_session_runs_each_groups_task_with_that_groups_settings(db):
+@pytest.mark.parametrize("mode", ["login", "set_role"])
+def test_a_session_runs_each_groups_task_with_that_groups_settings(db, mode):
     """A session is opened with its first group's settings as connection options (pg_task.group,
     .schema, .table, .oid, application_name), which its reset restores: a task of another group on
-    it sets its own, and the next task of the first group finds the first group's again."""
+    it sets its own, and the next task of the first group finds the first group's again. In
+    set_role mode the session is the service's, running as the task's author."""
     oid = db.value("SELECT 'task'::regclass::oid")
-    user = db.value("SELECT current_user")
+    service_user = db.value("SELECT current_user")
+    author = service_user if mode == "login" else db.role("settings_author")
     probe = ("SELECT current_setting('pg_task.group'), current_setting('application_name'), "
              "current_setting('pg_task.schema'), current_setting('pg_task.table'), current_setting('pg_task.oid')")
 
+    def claim_as_author(group: str) -> Task:
+        with db.connect(author) as conn:
+            task_id = conn.execute('INSERT INTO task (input, "group", header) VALUES (%s, %s, false) RETURNING id',
+                                   (probe, group)).fetchone()[0]
+        return Task.from_row(db.claim(task_id, TASK_COLUMNS))
+
     async def go() -> list:
-        pool = SessionPool(db.dsn, user, "login")
-        session = await pool.get(user, executor.group_settings("g 1", "public", "task", oid))
+        pool = SessionPool(db.dsn, service_user, mode)
+        session = await pool.get(author, executor.group_settings("g 1", "public", "task", oid))
+        assert session.set_role == (mode == "set_role")
         results = []
         try:
             for group in ("g 1", "g2", "g 1"):
-                task = Task.from_row(db.claim(db.insert(probe, group=group, header=False), TASK_COLUMNS))
-                results.append(await run_input(session, task, "public", "task", oid, 1 << 20))
+                results.append(await run_input(session, claim_as_author(group), "public", "task", oid, 1 << 20))
         finally:
             await pool.discard(session)
         return results

@@ -3,9 +3,10 @@ cap, and the idle ones beyond it are closed once they have been idle a while."""
 
 import asyncio
 
+from psycopg.conninfo import conninfo_to_dict
 from support import wait_for
 
-from pgtask.executor import SessionPool
+from pgtask.executor import SessionPool, group_settings
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
@@ -45,3 +46,13 @@ def test_idle_sessions_beyond_the_cap_are_closed_after_a_while(db, monkeypatch):
     assert kept == opened[-2:]  # the two used last stay
     wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (opened[:3],)) == 0,
              message="the trimmed sessions' backends to end")
+
+
+def test_a_session_opens_with_its_settings_after_the_services_own_options():
+    pool = SessionPool("host=/run/x dbname=d options='-c work_mem=7MB'", "svc", "login")
+    info = conninfo_to_dict(pool._conninfo(group_settings("it's a \\ g", "public", "task", 5), "alice"))
+    assert (info["user"], info["dbname"]) == ("alice", "d")
+    assert info["application_name"] == "pg_task public task it's a \\ g"
+    assert info["options"] == ("-c work_mem=7MB -c pg_task.group=it's\\ a\\ \\\\\\ g "
+                               "-c pg_task.schema=public -c pg_task.table=task -c pg_task.oid=5")
+
