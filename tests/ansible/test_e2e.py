@@ -155,7 +155,12 @@ def test_new_entry_reloads_and_is_provisioned(host, deploy):
     changed = run.changed_tasks()
     assert any("Reload pgtask" in name for name in changed), (changed, journal(host))
     assert not any("Restart pgtask" in name for name in changed), changed
-    assert any("Provision" in name for name in changed), changed
+    # The new entry is provisioned by the role's Provision task -- or, if the running service re-read
+    # its configuration (every pg_conf.restart s) between the role writing it and that task, by the
+    # service itself, and the task then rightly finds nothing to do.
+    by_service = host.sh("journalctl -u pgtask --no-pager | grep -c 'provision: created database app1'",
+                         check=False).stdout.strip() not in ("", "0")
+    assert any("Provision" in name for name in changed) or by_service, (changed, journal(host))
     assert any("Reload PostgreSQL" in name for name in changed), changed
     # a reload is a SIGHUP: new sessions see it once the postmaster has read the files
     wait_for(lambda: psql(host, "SHOW pg_task.timeout") == "5 min", 15, "pg_task.timeout after reload")
