@@ -191,16 +191,9 @@ class SessionPool:
         return Session(conn, user, set_role=True, settings=settings)
 
     def _conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
-        """The base connection string with ``settings``: application_name, and the others as
-        ``-c`` options after the base string's own options."""
-        own = dict(settings)
-        extra = {"user": user} if user else {}
-        if "application_name" in own:
-            extra["application_name"] = own.pop("application_name")
-        options = " ".join(f"-c {name}={escape_option(value)}" for name, value in own.items())
-        if options:
-            extra["options"] = f"{self.base_options} {options}" if self.base_options else options
-        return make_conninfo(self.base, **extra)
+        """The base connection string as ``user`` with ``settings`` (see connection_settings)."""
+        return make_conninfo(self.base, **({"user": user} if user else {}),
+                             **connection_settings(settings, self.base_options))
 
     async def put(self, session: Session) -> None:
         if session.conn.closed:
@@ -273,6 +266,17 @@ class SessionPool:
 def escape_option(value: str) -> str:
     """A value inside libpq's ``options``: backslash and whitespace get a backslash before them."""
     return re.sub(r"([\\\s])", r"\\\1", value)
+
+
+def connection_settings(settings: tuple[tuple[str, str], ...], options: str | None) -> dict[str, str]:
+    """``settings`` as connection parameters: application_name as itself, the others as ``-c``
+    options after ``options`` (the connection string's own)."""
+    own = dict(settings)
+    params = {"application_name": own.pop("application_name")} if "application_name" in own else {}
+    extra = " ".join(f"-c {name}={escape_option(value)}" for name, value in own.items())
+    if extra:
+        params["options"] = f"{options} {extra}" if options else extra
+    return params
 
 
 @functools.lru_cache(maxsize=1024)

@@ -28,7 +28,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
-from .executor import Connection, NotStarted, Task, escape_option
+from .executor import Connection, NotStarted, Task, connection_settings, group_settings
 from .output import Output, format_error, reason, simple_error
 
 if TYPE_CHECKING:
@@ -77,16 +77,11 @@ def connect_params(user: dict, schema: str, table: str, oid: int, group: str, en
     """The connection parameters, in the C extension's order: its own first, then the user's.
 
     ``application_name`` is pg_task's (overriding the user's; no fallback_application_name);
-    ``options`` is the user's plus ``-c pg_task.schema/table/oid/group``; ``client_encoding`` is the
-    local database's; ``connect_timeout`` is bounded when neither the string nor the environment
-    gives one.
+    ``options`` is the user's plus ``-c pg_task.group/schema/table/oid`` (the group's settings, as a
+    local session's); ``client_encoding`` is the local database's; ``connect_timeout`` is bounded
+    when neither the string nor the environment gives one.
     """
-    options = " ".join(f"-c {name}={escape_option(value)}" for name, value in (
-        ("pg_task.schema", schema), ("pg_task.table", table), ("pg_task.oid", str(oid)),
-        ("pg_task.group", group)))
-    if user.get("options"):
-        options = f"{user['options']} {options}"
-    params = {"application_name": f"pg_task {schema} {table} {group}", "options": options,
+    params = {**connection_settings(group_settings(group, schema, table, oid), user.get("options")),
               "client_encoding": encoding}
     for key, value in user.items():
         if key not in params and key != "fallback_application_name":

@@ -516,11 +516,12 @@ class Scheduler:
             # durable before this (its own commits flush the WAL up to it).
             "sync": "on" if finishes else "off"}
         deletes = [t for t, (out, err), _ in finishes if t.delete and out is None and err is None]
+        repeats = any(t.repeats for t, _, _ in finishes)
         backoff = Backoff()
         while True:
             try:
                 async with self.writers.connection() as conn:
-                    if any(t.repeats for t, _, _ in finishes):
+                    if repeats:
                         await self.refresh_columns(conn)  # a repeat copies the columns the table has now
                     if deletes:
                         async with conn.transaction():
@@ -529,7 +530,7 @@ class Scheduler:
                             await conn.execute(self.q("flush_delete"), {
                                 "id": [t.id for t in deletes], "attempt": [t.attempt for t in deletes],
                                 "lease": [t.lease for t in deletes]})
-                    elif works or any(t.repeats for t, _, _ in finishes):
+                    elif works or repeats:
                         matched = await self._run_flush(conn, "flush", FLUSH_PARAMS, params)
                     else:
                         matched = await self._run_flush(conn, "flush_finish", FINISH_PARAMS, params)

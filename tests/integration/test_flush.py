@@ -23,8 +23,7 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
                                        sched.inflight.__setitem__(task.id, (task, None)))
         try:
             assert (await sched.claim_pass())[0] == 5
-            # another claim took `lost` meanwhile: its finish must not land
-            db.execute("UPDATE task SET lease = gen_random_uuid() WHERE id = %s", (lost,))
+            db.claim(lost)  # another claim took it meanwhile: its finish must not land
             await asyncio.gather(
                 sched.finish(claimed[plain[0]], "1", None),
                 sched.finish(claimed[plain[1]], "", "ERROR:  boom"),
@@ -51,11 +50,13 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
 def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service):
     """Finishes are written one batch at a time; one that waits (here on a row lock someone else
     holds) gets a second writer beside it, so other tasks still finish meanwhile."""
-    slow = db.insert("SELECT pg_sleep(0.3)", group="a")
-    db.wait_state(slow, states=("WORK",))
     with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock(4244)")  # the slow task runs until this is released
+        slow = db.insert("SELECT pg_advisory_xact_lock(4244)", group="a")
+        db.wait_state(slow, states=("WORK",))
         locker.execute("BEGIN")
         locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (slow,))  # held until COMMIT
+        locker.execute("SELECT pg_advisory_unlock(4244)")  # the slow task ends; its finish waits
         wait_for(lambda: db.value(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%pgtask_flush%%'"),
             message="the slow task's finish to wait for the row lock")
