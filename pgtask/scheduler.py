@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import errors, pq, sql
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
@@ -51,6 +51,13 @@ PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")), ("cl
 # "flush_finish" for a batch of finishes none of which repeats (see queries.sql).
 FINISH_PARAMS = ("f_id", "f_attempt", "f_lease", "f_output", "f_error")
 FLUSH_PARAMS = ("w_id", "w_attempt", "w_lease", "w_pid", *FINISH_PARAMS, "sync")
+
+
+def _finish_arrays(finishes: list) -> dict[str, list]:
+    """FINISH_PARAMS of pending finishes (kind, task, (output, error), future)."""
+    return {"f_id": [t.id for _, t, _, _ in finishes], "f_attempt": [t.attempt for _, t, _, _ in finishes],
+            "f_lease": [t.lease for _, t, _, _ in finishes], "f_output": [p[0] for _, _, p, _ in finishes],
+            "f_error": [p[1] for _, _, p, _ in finishes]}
 
 
 @dataclass
@@ -126,6 +133,7 @@ class Scheduler:
         self.pending: list[tuple[str, Task, Any, asyncio.Future]] = []
         self.flushers: dict[asyncio.Task, float] = {}  # flusher -> since when it writes its batch
         self.flush_check: asyncio.TimerHandle | None = None
+        self.pending_since = 0.0  # when the oldest of the pending writes was submitted
         self.array_dumper = Transformer()  # the flush's arrays, as psycopg writes them in text
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
@@ -262,7 +270,8 @@ class Scheduler:
         have[name] = version
 
     async def claim_pass(self) -> tuple[int, float | None, bool]:
-        """One round trip: BEGIN, expire (once per sleep), claim lock + unlock, claim, next, COMMIT.
+        """One round trip: BEGIN, [finishes,] expire (once per sleep), claim lock + unlock, claim,
+        next, COMMIT.
 
         One simple-protocol query string of EXECUTEs of statements prepared once per control
         session (planned once, parameters are numbers only), its results read straight from libpq:
@@ -271,6 +280,14 @@ class Scheduler:
         claim lost in a server crash leaves its rows PLAN, and nothing of a claimed task can become
         durable before it (the first synchronous commit after it -- the task's own input or its
         finish -- flushes the WAL up to the claim): so the claim is never the reason a task runs twice.
+
+        The pass also writes the finishes waiting to be written when no flusher is writing (see
+        _spawn_flusher), first in its transaction: a group whose task finished has room in the claim
+        that follows, so its next task is claimed in the commit that finishes the previous one -- one
+        round trip and one commit instead of a flush and a pass. That commit waits for the WAL flush
+        (the finishes' durability). A pass carrying finishes waits at most SLOW_FLUSH for any lock
+        (a row lock on a finished row, another instance's claim lock): then, or if it fails in any
+        other way, the finishes go to a flusher (see _flush) and the pass runs again without them.
         """
         room = self.options.run - len(self.inflight)
         rows: list[dict] = []
@@ -286,23 +303,37 @@ class Scheduler:
             if self.pass_loader is None or self.pass_loader.connection is not self.control:
                 self.pass_loader = Transformer(self.control)
             pgconn, oid = self.control.pgconn, int(self.oid)
-            text = ["BEGIN"]
-            if time.monotonic() - self.last_expiry >= self.options.sleep:
-                self.last_expiry = time.monotonic()
-                text.append("EXECUTE pgtask_expire")
-            ids, self.to_unlock = self.to_unlock, []
-            claim = room > 0 and self.options.limit > 0
-            if claim or ids:
-                text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, "
-                            f"'{{{','.join(str(int(i)) for i in ids)}}}')")
-            if claim:
-                text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))})")
-            text.append("EXECUTE pgtask_next; COMMIT")
-            await wire.send(pgconn, "; ".join(text), "utf-8")
-            results, error = await wire.results(pgconn)
+            batch = self._take_for_pass()
+            try:
+                text = [b"BEGIN", *(await self._pass_finishes(batch))]
+                if time.monotonic() - self.last_expiry >= self.options.sleep:
+                    self.last_expiry = time.monotonic()
+                    text.append(b"EXECUTE pgtask_expire")
+                ids, self.to_unlock = self.to_unlock, []
+                claim = room > 0 and self.options.limit > 0
+                if claim or ids:
+                    text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, "
+                                f"'{{{','.join(str(int(i)) for i in ids)}}}')".encode())
+                if claim:
+                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))})".encode())
+                text.append(b"EXECUTE pgtask_next; COMMIT")
+                await wire.send(pgconn, b"; ".join(text))
+                results, error = await wire.results(pgconn)
+            except BaseException:
+                self._give_back(batch)
+                raise
             if error is not None:  # the rest of the string did not run: end the failed transaction
                 await wire.simple(pgconn, "ROLLBACK")
+                self.to_unlock[:0] = ids  # again next time (an unlock of an id not held only warns)
+                if batch:  # the finishes go to a flusher; the pass runs again without them at once
+                    log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),
+                             errors.error_from_result(error, encoding=self.control.info.encoding))
+                    self._give_back(batch)
+                    self.wake.set()
+                    return 0, None, False
                 raise errors.error_from_result(error, encoding=self.control.info.encoding)
+            if batch:
+                self._settle(batch, results.pop(0))
             loader = self.pass_loader
             if claim:
                 res = results[-2]  # claim_lock's row came first; next's last
@@ -317,6 +348,40 @@ class Scheduler:
         for row in rows:
             self.dispatch(Task.from_row(row))
         return len(rows), next_in, bool(blocked) and room > len(rows)
+
+    def _take_for_pass(self) -> list:
+        """The pending writes for this claim pass to write (see claim_pass), taken out of pending:
+        all of them (up to MAX_BATCH) if the pass may write them, else none."""
+        if not self.pending or self.flushers or not self._pass_may_write(self.pending):
+            return []
+        batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
+        return batch
+
+    async def _pass_finishes(self, batch: list) -> list[bytes]:
+        """The claim pass's statements writing ``batch`` (finishes only): the lean flush with its
+        arrays as literals, after a lock_timeout of SLOW_FLUSH for the pass's transaction."""
+        if not batch:
+            return []
+        await self._prepared(self.control, "flush_finish", FINISH_PARAMS, self.copy_columns)
+        escape = pq.Escaping(self.control.pgconn)
+        args = b", ".join(escape.escape_literal(v) for v in self._dump(FINISH_PARAMS, _finish_arrays(batch)))
+        return [b"SET LOCAL lock_timeout = %d" % int(self.SLOW_FLUSH * 1000),
+                b"EXECUTE pgtask_flush_finish(" + args + b")"]
+
+    @staticmethod
+    def _settle(batch: list, res: pq.abc.PGresult) -> None:
+        """Resolve the finishes of ``batch`` from the rows of their flush (kind, id): True if written."""
+        written = {int(res.get_value(i, 1)) for i in range(res.ntuples) if res.get_value(i, 0) == b"f"}
+        for _, task, _, fut in batch:
+            if not fut.done():
+                fut.set_result(task.id in written)
+
+    def _give_back(self, batch: list) -> None:
+        """Writes a claim pass took and did not write: to a flusher, now."""
+        if batch:
+            self.pending[:0] = batch
+            self.pending_since = 0.0  # due: a flusher takes them (see _spawn_flusher)
+            self._spawn_flusher()
 
     def dispatch(self, task: Task) -> None:
         self.inflight[task.id] = (task, None)
@@ -457,24 +522,43 @@ class Scheduler:
 
     def _submit(self, kind: str, task: Task, payload: Any) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
+        if not self.pending:
+            self.pending_since = time.monotonic()
         self.pending.append((kind, task, payload, fut))
         self._spawn_flusher()
         return fut
 
     def _spawn_flusher(self) -> None:
-        """A flusher for what is pending, unless one is writing and not slow yet: then look again
-        when it would be (it takes the pending writes itself when its batch is done)."""
+        """A flusher for what is pending -- unless the next claim pass can write it (finishes only,
+        no flusher writing, pending for less than SLOW_FLUSH: see claim_pass), or a flusher is
+        writing and not slow yet (it takes the pending writes itself when its batch is done); then
+        look again when either would be late."""
         if not self.pending or len(self.flushers) >= self.MAX_FLUSHERS:
             return
         now = time.monotonic()
+        if not self.flushers and self._pass_may_write(self.pending) and now - self.pending_since < self.SLOW_FLUSH:
+            self.wake.set()
+            self._check_flushes(self.pending_since + self.SLOW_FLUSH - now)
+            return
         writing = [since for since in self.flushers.values() if now - since < self.SLOW_FLUSH]
         if writing:
-            if self.flush_check is None:
-                self.flush_check = asyncio.get_running_loop().call_later(
-                    max(writing) + self.SLOW_FLUSH - now, self._flush_checked)
+            self._check_flushes(max(writing) + self.SLOW_FLUSH - now)
             return
         t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
         self.flushers[t] = now
+
+    def _pass_may_write(self, batch: list) -> bool:
+        """Whether a claim pass may write ``batch`` (see claim_pass): finishes that only finish (no
+        repeat, no delete) of tasks that do not keep their session (count/live: their finish is
+        awaited under the control lock, see complete), while claim passes run (not draining)."""
+        return not (self.draining or self.stopping) and all(
+            kind == "f" and not task.repeats and not (task.delete and payload == (None, None))
+            and task.count <= 0 and task.live_s <= 0
+            for kind, task, payload, _ in batch)
+
+    def _check_flushes(self, delay: float) -> None:
+        if self.flush_check is None:
+            self.flush_check = asyncio.get_running_loop().call_later(max(delay, 0), self._flush_checked)
 
     def _flush_checked(self) -> None:
         self.flush_check = None
@@ -508,9 +592,7 @@ class Scheduler:
         params = {
             "w_id": [t.id for t, _, _ in works], "w_attempt": [t.attempt for t, _, _ in works],
             "w_lease": [t.lease for t, _, _ in works], "w_pid": [p for _, p, _ in works],
-            "f_id": [t.id for t, _, _ in finishes], "f_attempt": [t.attempt for t, _, _ in finishes],
-            "f_lease": [t.lease for t, _, _ in finishes], "f_output": [p[0] for _, p, _ in finishes],
-            "f_error": [p[1] for _, p, _ in finishes],
+            **_finish_arrays([b for b in batch if b[0] == "f"]),
             # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash, the rows
             # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
             # durable before this (its own commits flush the WAL up to it).
@@ -563,15 +645,18 @@ class Scheduler:
         half the service's CPU of psycopg's execute. Returns the (kind, id) rows; a failure raises
         the psycopg error."""
         await self._prepared(conn, name, names, self.copy_columns)
-        dump = self.array_dumper.get_dumper
-        values = [v.encode() if isinstance(v, str) else dump(v, PyFormat.TEXT).dump(v)
-                  for v in (params[n] for n in names)]
-        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), values)
+        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), self._dump(names, params))
         results, error = await wire.results(conn.pgconn)
         if error is not None:
             raise errors.error_from_result(error, encoding=conn.info.encoding)
         return {(res.get_value(i, 0).decode(), int(res.get_value(i, 1)))
                 for res in results for i in range(res.ntuples)}
+
+    def _dump(self, names: tuple[str, ...], params: dict) -> list[bytes]:
+        """The flush parameters ``names`` of ``params`` in text, as psycopg writes them."""
+        dump = self.array_dumper.get_dumper
+        return [v.encode() if isinstance(v, str) else bytes(dump(v, PyFormat.TEXT).dump(v))
+                for v in (params[n] for n in names)]
 
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
                           release: bool = True) -> bool:
@@ -685,6 +770,7 @@ class Scheduler:
         """Stop claiming; let running tasks finish within the grace period; cancel the rest."""
         self.draining = True
         self.wake.set()
+        self._spawn_flusher()  # pending finishes: no claim pass writes them any more
         if self.tasks:
             _, pending = await asyncio.wait(set(self.tasks), timeout=self.options.grace)
             if pending:

@@ -43,9 +43,9 @@ async def _consume(pgconn: pq.abc.PGconn) -> None:
         raise
 
 
-async def send(pgconn: pq.abc.PGconn, text: str, encoding: str, single_row: bool = False) -> None:
+async def send(pgconn: pq.abc.PGconn, text: str | bytes, encoding: str = "utf-8", single_row: bool = False) -> None:
     try:
-        pgconn.send_query(text.encode(encoding))
+        pgconn.send_query(text if isinstance(text, bytes) else text.encode(encoding))
         if single_row:
             pgconn.set_single_row_mode()
     except psycopg.Error:

@@ -2,6 +2,7 @@
 keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, error, the repeat."""
 
 import asyncio
+import time
 
 from support import wait_for
 
@@ -65,3 +66,52 @@ def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service)
         assert db.task(slow)["state"] == "WORK"  # its finish still waits
         locker.execute("COMMIT")
     assert db.wait_state(slow)["state"] == "DONE"
+
+
+def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_one(db):
+    """The claim pass writes the finishes waiting to be written first in its own transaction: a
+    serial group's next task is claimed in the transaction that finishes the one before (a user's
+    trigger records each state change's transaction)."""
+    db.execute("CREATE TABLE state_log (id bigint, state text, xid xid8)")
+    db.execute("""CREATE FUNCTION log_state() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN INSERT INTO public.state_log VALUES (NEW.id, NEW.state, pg_current_xact_id()); RETURN NULL; END $$""")
+    db.execute("CREATE TRIGGER log_state AFTER UPDATE OF state ON task FOR EACH ROW EXECUTE FUNCTION log_state()")
+    ids = [db.insert("SELECT 1", group="serial") for _ in range(4)]
+
+    async def go() -> None:
+        sched = db.scheduler()
+        sched.SLOW_FLUSH = 30.0  # no flusher takes over however slow this machine is: passes only
+        await sched.start()
+        runner = asyncio.create_task(sched.run())
+        deadline = time.monotonic() + 15
+        try:
+            while db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < len(ids):
+                assert not runner.done() and time.monotonic() < deadline, runner
+                await asyncio.sleep(0.02)
+        finally:
+            runner.cancel()
+            await sched.close()
+
+    asyncio.run(go())
+    assert [db.task(i)["state"] for i in ids] == ["DONE"] * len(ids)
+    xid = {(i, s): x for i, s, x in db.execute("SELECT id, state, xid FROM state_log")}
+    for previous, following in zip(ids, ids[1:]):
+        assert xid[previous, "DONE"] == xid[following, "TAKE"], (previous, following, xid)
+    assert xid[ids[0], "TAKE"] != xid[ids[0], "DONE"]
+
+
+def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, service):
+    """Another instance holding the table's claim lock stalls the claim passes, not the finishes:
+    a pass carrying finishes gives up waiting after SLOW_FLUSH and hands them to a writer."""
+    oid = db.value("SELECT 'task'::regclass::oid::bigint")
+    with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock(4246)")  # the task runs until this is released
+        task = db.insert("SELECT pg_advisory_xact_lock(4246)", group="a")
+        db.wait_state(task, states=("WORK",))
+        locker.execute("SELECT pg_advisory_lock(%s)", (oid,))  # the claim lock, as a claim pass takes it
+        locker.execute("SELECT pg_advisory_unlock(4246)")  # the task ends; its finish must get through
+        assert db.wait_state(task, timeout=10)["state"] == "DONE"
+        waiting = db.insert("SELECT 1", group="b")
+        assert db.task(waiting)["state"] == "PLAN"  # no claim while the lock is held
+        locker.execute("SELECT pg_advisory_unlock(%s)", (oid,))
+    assert db.wait_state(waiting)["state"] == "DONE"
