@@ -2,6 +2,7 @@
 keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, error, the repeat."""
 
 import asyncio
+import itertools
 import time
 
 from support import wait_for
@@ -95,7 +96,7 @@ def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_
     asyncio.run(go())
     assert [db.task(i)["state"] for i in ids] == ["DONE"] * len(ids)
     xid = {(i, s): x for i, s, x in db.execute("SELECT id, state, xid FROM state_log")}
-    for previous, following in zip(ids, ids[1:]):
+    for previous, following in itertools.pairwise(ids):
         assert xid[previous, "DONE"] == xid[following, "TAKE"], (previous, following, xid)
     assert xid[ids[0], "TAKE"] != xid[ids[0], "DONE"]
 
