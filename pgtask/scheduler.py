@@ -359,14 +359,17 @@ class Scheduler:
 
     async def _pass_finishes(self, batch: list) -> list[bytes]:
         """The claim pass's statements writing ``batch`` (finishes only): the lean flush with its
-        arrays as literals, after a lock_timeout of SLOW_FLUSH for the pass's transaction."""
+        arrays as literals, after a lock_timeout of SLOW_FLUSH for the pass's transaction. Its
+        generic plan, as on the writers (see _writer); the claim's statements keep the session's
+        plan_cache_mode."""
         if not batch:
             return []
         await self._prepared(self.control, "flush_finish", FINISH_PARAMS, self.copy_columns)
         escape = pq.Escaping(self.control.pgconn)
         args = b", ".join(escape.escape_literal(v) for v in self._dump(FINISH_PARAMS, _finish_arrays(batch)))
         return [b"SET LOCAL lock_timeout = %d" % int(self.SLOW_FLUSH * 1000),
-                b"EXECUTE pgtask_flush_finish(" + args + b")"]
+                b"SET LOCAL plan_cache_mode = force_generic_plan",
+                b"EXECUTE pgtask_flush_finish(" + args + b")", b"SET LOCAL plan_cache_mode = DEFAULT"]
 
     @staticmethod
     def _settle(batch: list, res: pq.abc.PGresult) -> None:
