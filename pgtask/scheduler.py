@@ -134,6 +134,7 @@ class Scheduler:
         self.flushers: dict[asyncio.Task, float] = {}  # flusher -> since when it writes its batch
         self.flush_check: asyncio.TimerHandle | None = None
         self.pending_since = 0.0  # when the oldest of the pending writes was submitted
+        self.pending_plain = True  # every pending write is one a claim pass may write (_plain)
         self.array_dumper = Transformer()  # the flush's arrays, as psycopg writes them in text
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
@@ -352,7 +353,7 @@ class Scheduler:
     def _take_for_pass(self) -> list:
         """The pending writes for this claim pass to write (see claim_pass), taken out of pending:
         all of them (up to MAX_BATCH) if the pass may write them, else none."""
-        if not self.pending or self.flushers or not self._pass_may_write(self.pending):
+        if not self.pending or self.flushers or not self._pass_may_write():
             return []
         batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
         return batch
@@ -526,7 +527,8 @@ class Scheduler:
     def _submit(self, kind: str, task: Task, payload: Any) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         if not self.pending:
-            self.pending_since = time.monotonic()
+            self.pending_since, self.pending_plain = time.monotonic(), True
+        self.pending_plain = self.pending_plain and self._plain(kind, task, payload)
         self.pending.append((kind, task, payload, fut))
         self._spawn_flusher()
         return fut
@@ -539,7 +541,7 @@ class Scheduler:
         if not self.pending or len(self.flushers) >= self.MAX_FLUSHERS:
             return
         now = time.monotonic()
-        if not self.flushers and self._pass_may_write(self.pending) and now - self.pending_since < self.SLOW_FLUSH:
+        if not self.flushers and self._pass_may_write() and now - self.pending_since < self.SLOW_FLUSH:
             self.wake.set()
             self._check_flushes(self.pending_since + self.SLOW_FLUSH - now)
             return
@@ -550,14 +552,17 @@ class Scheduler:
         t = asyncio.create_task(self._flush_loop(), name=f"flush {self.entry.label()}")
         self.flushers[t] = now
 
-    def _pass_may_write(self, batch: list) -> bool:
-        """Whether a claim pass may write ``batch`` (see claim_pass): finishes that only finish (no
-        repeat, no delete) of tasks that do not keep their session (count/live: their finish is
-        awaited under the control lock, see complete), while claim passes run (not draining)."""
-        return not (self.draining or self.stopping) and all(
-            kind == "f" and not task.repeats and not (task.delete and payload == (None, None))
-            and task.count <= 0 and task.live_s <= 0
-            for kind, task, payload, _ in batch)
+    def _pass_may_write(self) -> bool:
+        """Whether a claim pass may write the pending writes (see claim_pass): all plain (_plain),
+        while claim passes run (not draining)."""
+        return self.pending_plain and not (self.draining or self.stopping)
+
+    @staticmethod
+    def _plain(kind: str, task: Task, payload: Any) -> bool:
+        """A finish that only finishes (no repeat, no delete) of a task that does not keep its
+        session (count/live: its finish is awaited under the control lock, see complete)."""
+        return (kind == "f" and not task.repeats and not (task.delete and payload == (None, None))
+                and task.count <= 0 and task.live_s <= 0)
 
     def _check_flushes(self, delay: float) -> None:
         if self.flush_check is None:
