@@ -53,6 +53,13 @@ FINISH_PARAMS = ("f_id", "f_attempt", "f_lease", "f_output", "f_error")
 FLUSH_PARAMS = ("w_id", "w_attempt", "w_lease", "w_pid", *FINISH_PARAMS, "sync")
 
 
+def _dump(tx: Transformer, names: tuple[str, ...], params: dict) -> list[bytes]:
+    """The flush parameters ``names`` of ``params`` in text, as psycopg writes them for the
+    connection of ``tx`` (in its client encoding: a database need not be UTF8)."""
+    return [v.encode() if isinstance(v, str) else bytes(tx.get_dumper(v, PyFormat.TEXT).dump(v))
+            for v in (params[n] for n in names)]
+
+
 def _finish_arrays(finishes: list) -> dict[str, list]:
     """FINISH_PARAMS of pending finishes (kind, task, (output, error), future)."""
     return {"f_id": [t.id for _, t, _, _ in finishes], "f_attempt": [t.attempt for _, t, _, _ in finishes],
@@ -135,7 +142,6 @@ class Scheduler:
         self.flush_check: asyncio.TimerHandle | None = None
         self.pending_since = 0.0  # when the oldest of the pending writes was submitted
         self.pending_plain = True  # every pending write is one a claim pass may write (_plain)
-        self.array_dumper = Transformer()  # the flush's arrays, as psycopg writes them in text
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
 
@@ -367,7 +373,8 @@ class Scheduler:
             return []
         await self._prepared(self.control, "flush_finish", FINISH_PARAMS, self.copy_columns)
         escape = pq.Escaping(self.control.pgconn)
-        args = b", ".join(escape.escape_literal(v) for v in self._dump(FINISH_PARAMS, _finish_arrays(batch)))
+        values = _dump(self.pass_loader, FINISH_PARAMS, _finish_arrays(batch))
+        args = b", ".join(escape.escape_literal(v) for v in values)
         return [b"SET LOCAL lock_timeout = %d" % int(self.SLOW_FLUSH * 1000),
                 b"SET LOCAL plan_cache_mode = force_generic_plan",
                 b"EXECUTE pgtask_flush_finish(" + args + b")", b"SET LOCAL plan_cache_mode = DEFAULT"]
@@ -653,18 +660,12 @@ class Scheduler:
         half the service's CPU of psycopg's execute. Returns the (kind, id) rows; a failure raises
         the psycopg error."""
         await self._prepared(conn, name, names, self.copy_columns)
-        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), self._dump(names, params))
+        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), _dump(Transformer(conn), names, params))
         results, error = await wire.results(conn.pgconn)
         if error is not None:
             raise errors.error_from_result(error, encoding=conn.info.encoding)
         return {(res.get_value(i, 0).decode(), int(res.get_value(i, 1)))
                 for res in results for i in range(res.ntuples)}
-
-    def _dump(self, names: tuple[str, ...], params: dict) -> list[bytes]:
-        """The flush parameters ``names`` of ``params`` in text, as psycopg writes them."""
-        dump = self.array_dumper.get_dumper
-        return [v.encode() if isinstance(v, str) else bytes(dump(v, PyFormat.TEXT).dump(v))
-                for v in (params[n] for n in names)]
 
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
                           release: bool = True) -> bool:
