@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgtask import provision
@@ -135,15 +136,31 @@ class Database:
 
 
 @pytest.fixture
-def db(cluster: Cluster, template: str) -> Iterator[Database]:
-    name = f"t{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    d = Database(cluster, name)
-    yield d
-    d.close()
-    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def databases(cluster: Cluster) -> Iterator[Callable[..., Database]]:
+    """Databases of one test, dropped after it: ``make(template, encoding=None)``; another
+    encoding than the cluster's takes template0 and the C locale."""
+    made: list[Database] = []
+
+    def make(template: str, encoding: str | None = None) -> Database:
+        name = f"t{os.getpid()}_{next(_counter)}"
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
+        if encoding:
+            create += sql.SQL(" ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C'").format(sql.Literal(encoding))
+        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+            conn.execute(create)
+        made.append(Database(cluster, name))
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.close()
+        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(d.name)))
+
+
+@pytest.fixture
+def db(databases: Callable[..., Database], template: str) -> Database:
+    return databases(template)
 
 
 @pytest.fixture

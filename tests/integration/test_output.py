@@ -1,10 +1,6 @@
 """Output and error text, exactly as pg_task writes them (spec section 7), through the real service."""
 
-import os
-
-import psycopg
 import pytest
-from conftest import Database
 
 CASES = [
     # (input, columns, expected output, expected error)
@@ -91,27 +87,16 @@ def test_output_and_error_on_a_reused_session(db, service):
             input_text
 
 
-def test_output_and_error_in_a_latin1_database(cluster, service_factory):
+def test_output_and_error_in_a_latin1_database(databases, service_factory):
     """A database need not be UTF8: output and error are written in its own encoding, by a claim
     pass (plain finishes) and by a writer (a finish that inserts the next repeat)."""
-    name = f"latin1_{os.getpid()}"
-    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'")
-    try:
-        svc = service_factory(name)
-        db = Database(cluster, name)
-        try:
-            plain = db.insert("SELECT 'café ñ' AS a")
-            failing = db.insert("DO $$BEGIN RAISE EXCEPTION 'échec à %', 1; END$$")
-            repeating = db.insert("SELECT 'rép' AS a", repeat="1 hour")
-            assert db.wait_state(plain)["output"] == "café ñ"
-            row = db.wait_state(failing)
-            assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  échec à 1\n"), row["error"]
-            assert db.wait_state(repeating)["output"] == "rép"
-            assert db.value("SELECT input FROM task WHERE parent = %s", (repeating,)) == "SELECT 'rép' AS a"
-        finally:
-            db.close()
-            svc.stop()
-    finally:
-        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    db = databases("template0", encoding="LATIN1")
+    service_factory(db.name)
+    plain = db.insert("SELECT 'café ñ' AS a")
+    failing = db.insert("DO $$BEGIN RAISE EXCEPTION 'échec à %', 1; END$$")
+    repeating = db.insert("SELECT 'rép' AS a", repeat="1 hour")
+    assert db.wait_state(plain)["output"] == "café ñ"
+    row = db.wait_state(failing)
+    assert row["state"] == "FAIL" and row["error"].startswith("ERROR:  échec à 1\n"), row["error"]
+    assert db.wait_state(repeating)["output"] == "rép"
+    assert db.value("SELECT input FROM task WHERE parent = %s", (repeating,)) == "SELECT 'rép' AS a"
