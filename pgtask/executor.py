@@ -327,14 +327,15 @@ def _lead(task: Task, set_role: bool, reset: bool) -> str:
     return f"{_RESET_STATEMENTS + '; ' if reset else ''}{_set_role(task.user) if set_role else ''}"
 
 
-def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool = False,
-             own: tuple = ()) -> str:
+def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, reset: bool,
+             own: tuple[tuple[str, str], ...]) -> str:
     """What the manual's pg_task worker sets before input (session settings pg_task.id, .group,
     .schema, .table, .oid, application_name, statement_timeout), then, in the same statement: the
     task's start (the table's start function: the fenced TAKE -> WORK write, see triggers.sql) and
     the author's pg_task.spi. One round trip and one transaction, which commits without waiting for
     the WAL flush, as the service's own TAKE -> WORK writes. Its one row: (started, spi, ...).
-    ``reset``: the session is first reset from its previous task (RESET_SESSION).
+    ``reset``: the session is first reset from its previous task (RESET_SESSION); ``own``: the
+    session's own settings (Session.settings), which need no set_config.
     """
     return (f"{_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, {spi_mode.setting(set_role)}, "
             f"{_session_settings(task, schema, table, oid, reset, own)}")

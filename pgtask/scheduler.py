@@ -60,6 +60,18 @@ def _dump(tx: Transformer, names: tuple[str, ...], params: dict) -> list[bytes]:
             for v in (params[n] for n in names)]
 
 
+def _matched(results: list[pq.abc.PGresult]) -> set[tuple[str, int]]:
+    """The (kind, id) rows a flush statement returned: what it wrote (see "flush" in queries.sql)."""
+    return {(res.get_value(i, 0).decode(), int(res.get_value(i, 1))) for res in results for i in range(res.ntuples)}
+
+
+def _resolve(batch: list, matched: set[tuple[str, int]]) -> None:
+    """Each pending write of ``batch`` learns whether its row was written (its lease still held)."""
+    for kind, task, _, fut in batch:
+        if not fut.done():  # cancelled meanwhile (shutdown)
+            fut.set_result((kind, task.id) in matched)
+
+
 def _finish_arrays(finishes: list) -> dict[str, list]:
     """FINISH_PARAMS of pending finishes (kind, task, (output, error), future)."""
     return {"f_id": [t.id for _, t, _, _ in finishes], "f_attempt": [t.attempt for _, t, _, _ in finishes],
@@ -340,7 +352,7 @@ class Scheduler:
                     return 0, None, False
                 raise errors.error_from_result(error, encoding=self.control.info.encoding)
             if batch:
-                self._settle(batch, results.pop(0))
+                _resolve(batch, _matched([results.pop(0)]))
             loader = self.pass_loader
             if claim:
                 res = results[-2]  # claim_lock's row came first; next's last
@@ -378,14 +390,6 @@ class Scheduler:
         return [b"SET LOCAL lock_timeout = %d" % int(self.SLOW_FLUSH * 1000),
                 b"SET LOCAL plan_cache_mode = force_generic_plan",
                 b"EXECUTE pgtask_flush_finish(" + args + b")", b"SET LOCAL plan_cache_mode = DEFAULT"]
-
-    @staticmethod
-    def _settle(batch: list, res: pq.abc.PGresult) -> None:
-        """Resolve the finishes of ``batch`` from the rows of their flush (kind, id): True if written."""
-        written = {int(res.get_value(i, 1)) for i in range(res.ntuples) if res.get_value(i, 0) == b"f"}
-        for _, task, _, fut in batch:
-            if not fut.done():
-                fut.set_result(task.id in written)
 
     def _give_back(self, batch: list) -> None:
         """Writes a claim pass took and did not write: to a flusher, now."""
@@ -602,18 +606,18 @@ class Scheduler:
             self._spawn_flusher()
 
     async def _flush(self, batch: list) -> None:
-        works = [(t, p, f) for k, t, p, f in batch if k == "w"]
-        finishes = [(t, p, f) for k, t, p, f in batch if k == "f"]
+        works = [b for b in batch if b[0] == "w"]
+        finishes = [b for b in batch if b[0] == "f"]
         params = {
-            "w_id": [t.id for t, _, _ in works], "w_attempt": [t.attempt for t, _, _ in works],
-            "w_lease": [t.lease for t, _, _ in works], "w_pid": [p for _, p, _ in works],
-            **_finish_arrays([b for b in batch if b[0] == "f"]),
+            "w_id": [t.id for _, t, _, _ in works], "w_attempt": [t.attempt for _, t, _, _ in works],
+            "w_lease": [t.lease for _, t, _, _ in works], "w_pid": [p for _, _, p, _ in works],
+            **_finish_arrays(finishes),
             # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash, the rows
             # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
             # durable before this (its own commits flush the WAL up to it).
             "sync": "on" if finishes else "off"}
-        deletes = [t for t, (out, err), _ in finishes if t.delete and out is None and err is None]
-        repeats = any(t.repeats for t, _, _ in finishes)
+        deletes = [t for _, t, (out, err), _ in finishes if t.delete and out is None and err is None]
+        repeats = any(t.repeats for _, t, _, _ in finishes)
         backoff = Backoff()
         while True:
             try:
@@ -641,17 +645,14 @@ class Scheduler:
             except psycopg.Error as exc:
                 log.info("batched write failed (%s); writing its %d rows one by one", str(exc).strip(),
                          len(batch))
-                for task, pid, fut in works:
+                for _, task, pid, fut in works:
                     fut.set_result(await self._write("work", {**task.fence, "pid": pid}) is not None)
-                for task, (output, error), fut in finishes:
+                for _, task, (output, error), fut in finishes:
                     fut.set_result(await self._finish_one(task, output, error, release=False))
                 return
         if any(kind == "r" for kind, _ in matched):
             self.wake.set()  # a repeat was inserted: its plan may be the next deadline
-        for task, _, fut in works:
-            fut.set_result(("w", task.id) in matched)
-        for task, _, fut in finishes:
-            fut.set_result(("f", task.id) in matched)
+        _resolve(batch, matched)
 
     async def _run_flush(self, conn: psycopg.AsyncConnection, name: str, names: tuple[str, ...],
                          params: dict) -> set[tuple[str, int]]:
@@ -664,8 +665,7 @@ class Scheduler:
         results, error = await wire.results(conn.pgconn)
         if error is not None:
             raise errors.error_from_result(error, encoding=conn.info.encoding)
-        return {(res.get_value(i, 0).decode(), int(res.get_value(i, 1)))
-                for res in results for i in range(res.ntuples)}
+        return _matched(results)
 
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
                           release: bool = True) -> bool:

@@ -57,4 +57,3 @@ def test_a_session_opens_with_its_settings_after_the_services_own_options():
     assert info["application_name"] == "pg_task public task it's a \\ g"
     assert info["options"] == ("-c work_mem=7MB -c pg_task.group=it's\\ a\\ \\\\\\ g "
                                "-c pg_task.schema=public -c pg_task.table=task -c pg_task.oid=5")
-
