@@ -98,6 +98,14 @@ class Connection:
         # The connection's own client_encoding, which a session reset restores (read once: psycopg
         # builds a ConnectionInfo for every .info).
         self.encoding: str = conn.info.encoding
+        self.pg_encoding = self.pgconn.parameter_status(b"client_encoding")
+
+    def encoding_now(self) -> str:
+        """The client encoding the server sends text in now: a task's input may have changed it
+        (SET client_encoding, SET NAMES). The server reports a change once its query is over."""
+        if self.pgconn.parameter_status(b"client_encoding") == self.pg_encoding:
+            return self.encoding
+        return self.conn.info.encoding
 
 
 # DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
@@ -414,6 +422,10 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     query string (one round trip, see one_trip_preamble); anything else takes two.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
+    if session.needs_reset and session.pgconn.parameter_status(b"client_encoding") != session.pg_encoding:
+        # The previous task changed the session's client encoding: the server would read this
+        # task's text in that encoding. The reset (ASCII) first, on its own, restores it.
+        await session.reset()
     out = Output(task.format(), output_limit, session.encoding)
     if not one_trip(session, task.input, spi):
         return await _two_trips(session, task, schema, table, oid, out, spi, start_work)
@@ -464,7 +476,7 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
         return await _end_input(session, task, out, err)
-    output = out.value()
+    output = out.value(session.encoding_now())
     if error is not None and output is None:
         output = ""
     return output, error
@@ -475,15 +487,16 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
     """After the input ran: its error (positions counted from the input's start, ``offset``
     characters into the query string), a transaction it left open ended; (output, error)."""
     _raise_if_lost(err)
-    error = format_error(err, task.input, session.encoding, offset=offset) if err is not None else None
+    encoding = session.encoding_now()  # the input may have changed it
+    error = format_error(err, task.input, encoding, offset=offset) if err is not None else None
     status = session.pgconn.transaction_status
     if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
         # A transaction left open by input is committed (a failed one rolls back); tag not printed.
-        end = await wire.simple(session.pgconn, "COMMIT", session.encoding)
+        end = await wire.simple(session.pgconn, "COMMIT", encoding)
         _raise_if_lost(end)
         if end is not None and error is None:
-            error = format_error(end, task.input, session.encoding)
-    output = out.value()
+            error = format_error(end, task.input, encoding)
+    output = out.value(encoding)
     if error is not None and output is None:
         output = ""
     return output, error

@@ -6,6 +6,7 @@ error:  "<SEVERITY>:  <message>[ at character N]" then DETAIL/HINT/QUERY/CONTEXT
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from psycopg import pq
@@ -15,6 +16,7 @@ NONSTRING_OIDS = frozenset({16, 1560, 29, 700, 701, 21, 23, 20, 1700, 26, 27, 28
 
 DML_TAGS = (b"INSERT", b"UPDATE", b"DELETE", b"MERGE")
 TRUNCATED = "\n... [output truncated at {limit} bytes by pgtask]"
+_SURROGATE = re.compile("[\udc80-\udcff]")  # a byte decoding kept as it was (surrogateescape)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,12 @@ class Format:
 
 
 class Output:
-    """Accumulates output pieces with a byte cap (bounded memory for huge results)."""
+    """Accumulates output pieces with a byte cap (bounded memory for huge results).
+
+    Text is decoded in ``encoding``, the connection's client encoding when the input started; bytes
+    that are not valid in it are kept (surrogateescape) until value() knows the encoding the input
+    left (it may have changed it: SET client_encoding), so decoding never fails mid-result.
+    """
 
     def __init__(self, fmt: Format, limit: int, encoding: str = "utf-8"):
         self.fmt, self.limit, self.encoding = fmt, limit, encoding
@@ -59,8 +66,23 @@ class Output:
         self.pieces += 1
         self._append(text)
 
-    def value(self) -> str | None:
-        return "".join(self.parts) if self.pieces else None
+    def value(self, encoding: str | None = None) -> str | None:
+        """The output; ``encoding``: the connection's client encoding now, after the input. If the
+        input changed it, what came after the change is in that encoding: the text is decoded again
+        in it (the SET statement's own tag and anything ASCII read the same either way). Bytes valid
+        in neither become U+FFFD, or ``?`` where the starting encoding (the one the service writes
+        the output in) has no such character (SQL_ASCII)."""
+        if not self.pieces:
+            return None
+        text = "".join(self.parts)
+        now = encoding or self.encoding
+        if now == self.encoding and (text.isascii() or _SURROGATE.search(text) is None):
+            return text
+        try:
+            raw = text.encode(self.encoding, "surrogateescape")
+        except UnicodeEncodeError:  # a format character (null, delimiter) the encoding lacks
+            return _SURROGATE.sub("\ufffd", text)
+        return raw.decode(now, "replace").encode(self.encoding, "replace").decode(self.encoding)
 
     def _quoted(self, value: str, nonstring: bool) -> str:
         f = self.fmt
@@ -86,7 +108,8 @@ class Output:
         self._nonstring = [res.ftype(i) in NONSTRING_OIDS for i in range(nfields)]
         if self.fmt.header and nfields > 1:
             self.piece(self.fmt.delimiter.join(
-                self._quoted((res.fname(i) or b"").decode(self.encoding), False) for i in range(nfields)))
+                self._quoted((res.fname(i) or b"").decode(self.encoding, "surrogateescape"), False)
+                for i in range(nfields)))
 
     def row(self, res: pq.PGresult, row: int = 0) -> None:
         if self.truncated:
@@ -95,7 +118,7 @@ class Output:
         for col in range(res.nfields):
             raw = res.get_value(row, col)
             cells.append(self.fmt.null if raw is None else
-                         self._quoted(raw.decode(self.encoding), self._nonstring[col]))
+                         self._quoted(raw.decode(self.encoding, "surrogateescape"), self._nonstring[col]))
         self.piece(self.fmt.delimiter.join(cells))
 
     def end(self, res: pq.PGresult, local: bool) -> None:
@@ -103,9 +126,9 @@ class Output:
         tag = res.command_status or b""
         if res.status == pq.ExecStatus.TUPLES_OK:
             if local and tag.startswith(DML_TAGS):
-                self.piece(tag.decode(self.encoding))
+                self.piece(tag.decode(self.encoding, "surrogateescape"))
         elif res.status == pq.ExecStatus.COMMAND_OK and tag:
-            self.piece(tag.decode(self.encoding))
+            self.piece(tag.decode(self.encoding, "surrogateescape"))
 
 
 def _tabbed(text: str) -> str:

@@ -175,6 +175,7 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
         error = format_error(err, task.input, enc)
     else:
         err = await wire.run(pgconn, task.input, out, local=False, encoding=enc)
+        enc = remote.encoding_now()  # the input may have changed it
         if err is not None:
             error = format_error(err, task.input, enc)
         if pgconn.transaction_status != pq.TransactionStatus.IDLE:
@@ -182,7 +183,7 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
             end = await wire.simple(pgconn, "COMMIT", enc)
             if end is not None and error is None:
                 error = format_error(end, task.input, enc)
-    output = out.value()
+    output = out.value(enc)
     if error is not None and output is None:
         output = ""
     return output, error
@@ -216,6 +217,11 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 remote = None
                 await sched.finish(task, "", simple_error("PQconsumeInput failed", _message(exc),
                                                           statement=task.input))
+                return
+            except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
+                await remote.close()
+                remote = None
+                await sched.failed_in_service(task, exc)
                 return
             done += 1
             finished = task

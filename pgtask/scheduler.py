@@ -435,6 +435,11 @@ class Scheduler:
                     session = None
                     await self.requeue(task)
                     return
+                except Exception as exc:  # noqa: BLE001 -- any bug of ours: see failed_in_service
+                    await self.sessions.discard(session)
+                    session = None
+                    await self.failed_in_service(task, exc)
+                    return
                 done += 1
                 keep_session = task.save
                 task = await self.complete(task, output, error, spawner_max, done, born)
@@ -443,6 +448,14 @@ class Scheduler:
         finally:
             if session is not None:
                 await self.sessions.put(session)
+
+    async def failed_in_service(self, task: Task, exc: Exception) -> None:
+        """Running ``task`` failed in the service itself (a bug, not the task's input nor a lost
+        connection): the task fails with the reason instead of staying WORK for as long as the
+        service runs, and the service goes on."""
+        log.error("task %s: the service failed running it", task.id, exc_info=exc)
+        await self.finish(task, "", simple_error(f"pgtask failed running the task: {type(exc).__name__}: {exc}",
+                                                 statement=task.input))
 
     async def open_session(self, task: Task) -> Session | None:
         """A session for the task's author. If the server itself is unreachable (restarting, shutting

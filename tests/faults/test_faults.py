@@ -227,3 +227,45 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
                 svc.kill()
         primary.destroy()
         standby.destroy()
+
+
+def test_a_failure_of_the_service_itself_fails_the_task_and_the_service_goes_on(db, monkeypatch):
+    """A bug in the service while it runs one task (injected here: formatting a row raises) must
+    not leave that task WORK for as long as the service runs: it fails with the reason, its session
+    is dropped, and the service runs the next tasks -- local and remote."""
+    import asyncio
+    import time
+
+    from pgtask.output import Output
+
+    real = Output.row
+
+    def row(self, res, row=0):
+        if res.get_value(row, 0) == b"explode":
+            raise RuntimeError("injected")
+        return real(self, res, row)
+
+    monkeypatch.setattr(Output, "row", row)
+    bad = [db.insert("SELECT 'explode' AS a"), db.insert("SELECT 'explode' AS a", remote=db.dsn)]
+    good = [db.insert("SELECT 'fine' AS a"), db.insert("SELECT 'fine' AS a", remote=db.dsn)]
+
+    async def go() -> None:
+        sched = db.scheduler()
+        await sched.start()
+        runner = asyncio.create_task(sched.run())
+        deadline = time.monotonic() + 15
+        try:
+            while db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < 4:
+                assert not runner.done() and time.monotonic() < deadline, runner
+                await asyncio.sleep(0.02)
+        finally:
+            runner.cancel()
+            await sched.close()
+
+    asyncio.run(go())
+    for task_id in bad:
+        row = db.task(task_id)
+        assert row["state"] == "FAIL", row
+        assert row["error"] == ("ERROR:  pgtask failed running the task: RuntimeError: injected\n"
+                                "STATEMENT:  SELECT 'explode' AS a"), row["error"]
+    assert [db.task(i)["output"] for i in good] == ["fine", "fine"]
