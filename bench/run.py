@@ -366,7 +366,7 @@ class Bench:
         def q(name: str) -> sql.Composed:
             return sql.SQL(named.query("queries.sql", name)).format(
                 table=table, task_columns=sql.SQL(TASK_COLUMNS), copy_columns=sql.SQL(""),
-                copy_columns_t=sql.SQL(""))
+                copy_columns_t=sql.SQL(""), state=sql.Identifier("public", "state"))
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             oid = conn.execute("SELECT 'public.task'::regclass::oid").fetchone()[0]
@@ -384,7 +384,8 @@ class Bench:
                     t = time.perf_counter()
                     with conn.transaction():
                         conn.execute(q("claim_lock"), {"oid": oid, "ids": [], "claim": True})
-                        rows = conn.execute(q("claim"), {"oid": oid, "limit": 1000}).fetchall()
+                        rows = conn.execute(q("claim"), {"oid": oid, "limit": 1000, "offer_pid": [],
+                                                         "offer_user": [], "offer_group": []}).fetchall()
                         conn.execute(q("next")).fetchone()
                     times.append((time.perf_counter() - t) * 1000)
                     assert len(rows) == 1, rows

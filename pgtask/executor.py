@@ -57,6 +57,7 @@ class Task:
     delete: bool
     repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
     now: object = None
+    session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -311,13 +312,16 @@ def _set_role(user: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _start_function(schema: str, table: str) -> str:
-    return sql.Identifier(schema, function_name(table, "start")).as_string(None)
+def _start_function(schema: str, table: str, kind: str) -> str:
+    return sql.Identifier(schema, function_name(table, kind)).as_string(None)
 
 
 def _start(task: Task, schema: str, table: str) -> str:
+    """The task's start: the table's start function (TAKE -> WORK on this session), or for a task
+    the claim started on this session already, its check function (see "check" in triggers.sql)."""
     lease = task.lease if isinstance(task.lease, uuid.UUID) else uuid.UUID(str(task.lease))  # into SQL text
-    return f"{_start_function(schema, table)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
+    kind = "start" if task.session_pid is None else "check"
+    return f"{_start_function(schema, table, kind)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
 
 
 def _session_settings(task: Task, schema: str, table: str, oid: int, reset: bool, own: tuple) -> str:

@@ -88,7 +88,7 @@ COMMENTS: dict[str, str] = {
 # trigger name suffix -> the query names in triggers.sql
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
 # functions without a trigger in triggers.sql: name suffix -> number of arguments
-FUNCTIONS = {"start": 3}
+FUNCTIONS = {"start": 3, "check": 3}
 INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "queue_idx": "index_group",
            "parent_idx": "index_parent", "state_idx": "index_state"}
 LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")

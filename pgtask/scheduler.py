@@ -43,7 +43,8 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
-PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")), ("claim", ("oid", "limit")),
+PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")),
+                   ("claim", ("oid", "limit", "offer_pid", "offer_user", "offer_group")),
                    ("next", ()))
 
 
@@ -154,6 +155,8 @@ class Scheduler:
         self.flush_check: asyncio.TimerHandle | None = None
         self.pending_since = 0.0  # when the oldest of the pending writes was submitted
         self.pending_plain = True  # every pending write is one a claim pass may write (_plain)
+        # task id -> its session, idle, while the task's finish waits to be written (see _offers)
+        self.finishing: dict[int, Session] = {}
         self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
                                        MaintenanceOptions.from_service(options.maintenance), entry.label())
 
@@ -163,7 +166,7 @@ class Scheduler:
         if name not in self._queries:
             cols_t = ", ".join(f"t.{c.strip()}" for c in self.copy_columns.split(",")) if self.copy_columns else ""
             self._queries[name] = sql.SQL(named.query("queries.sql", name)).format(
-                table=self.table, task_columns=sql.SQL(TASK_COLUMNS),
+                table=self.table, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(self.entry.schema, "state"),
                 copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t),
                 flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=self.table),
             ).as_string(None)
@@ -323,6 +326,7 @@ class Scheduler:
                 self.pass_loader = Transformer(self.control)
             pgconn, oid = self.control.pgconn, int(self.oid)
             batch = self._take_for_pass()
+            offers: dict[int, tuple[Task, Session]] = {}
             try:
                 text = [b"BEGIN", *(await self._pass_finishes(batch))]
                 if time.monotonic() - self.last_expiry >= self.options.sleep:
@@ -334,14 +338,18 @@ class Scheduler:
                     text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, "
                                 f"'{{{','.join(str(int(i)) for i in ids)}}}')".encode())
                 if claim:
-                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))})".encode())
+                    offers = self._offers(batch)
+                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, ".encode()
+                                + self._offer_args(offers) + b")")
                 text.append(b"EXECUTE pgtask_next; COMMIT")
                 await wire.send(pgconn, b"; ".join(text))
                 results, error = await wire.results(pgconn)
             except BaseException:
                 self._give_back(batch)
+                self._unoffer(offers)
                 raise
             if error is not None:  # the rest of the string did not run: end the failed transaction
+                self._unoffer(offers)
                 await wire.simple(pgconn, "ROLLBACK")
                 self.to_unlock[:0] = ids  # again next time (an unlock of an id not held only warns)
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
@@ -364,9 +372,38 @@ class Scheduler:
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
         self.pass_replan = bool(rows) and self.pass_idle
         self.pass_idle = not rows and not self.inflight
+        for finished, _ in offers.values():  # its input is over: nothing of it to cancel on the session
+            if (entry := self.inflight.get(finished.id)) is not None:
+                self.inflight[finished.id] = (entry[0], None)
         for row in rows:
-            self.dispatch(Task.from_row(row))
+            task = Task.from_row(row)
+            _, session = offers.pop(task.session_pid, (None, None))
+            self.dispatch(task, session)
+        for _, session in offers.values():  # offered, not taken: idle (the finish is written)
+            await self.sessions.put(session)
         return len(rows), next_in, bool(blocked) and room > len(rows)
+
+    def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
+        """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to
+        start the next tasks of those groups on (see "offered" in the claim): a session is offered
+        only in the transaction that finishes its task, so a STOP of that task can never cancel
+        the next one on it."""
+        return {session.pid: (t, session) for _, t, _, _ in batch
+                if (session := self.finishing.pop(t.id, None)) is not None}
+
+    def _unoffer(self, offers: dict[int, tuple[Task, Session]]) -> None:
+        """Offers of a claim pass that failed: their finishes are not written yet."""
+        for finished, session in offers.values():
+            self.finishing[finished.id] = session
+        offers.clear()
+
+    def _offer_args(self, offers: dict[int, tuple[Task, Session]]) -> bytes:
+        """The claim's offered sessions as three array literals: pids, roles, groups."""
+        escape = pq.Escaping(self.control.pgconn)
+        values = _dump(self.pass_loader, ("pid", "user", "group"), {
+            "pid": list(offers), "user": [t.user for t, _ in offers.values()],
+            "group": [t.group for t, _ in offers.values()]})
+        return b", ".join(escape.escape_literal(v) for v in values)
 
     def _take_for_pass(self) -> list:
         """The pending writes for this claim pass to write (see claim_pass), taken out of pending:
@@ -398,17 +435,22 @@ class Scheduler:
             self.pending_since = 0.0  # due: a flusher takes them (see _spawn_flusher)
             self._spawn_flusher()
 
-    def dispatch(self, task: Task) -> None:
+    def dispatch(self, task: Task, session: Session | None = None) -> None:
         self.inflight[task.id] = (task, None)
-        t = asyncio.create_task(self.execute(task), name=f"task {task.id}")
+        t = asyncio.create_task(self.execute(task, session), name=f"task {task.id}")
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
 
-    async def execute(self, task: Task) -> None:
-        """Run one task (and, within count/live, further tasks of its group on the same session)."""
-        session: Session | None = None
+    async def execute(self, task: Task, session: Session | None = None) -> None:
+        """Run one task (and, within count/live, further tasks of its group on the same session);
+        ``session``: the one the claim started it on (see "claim" in queries.sql)."""
+        if session is None or session.conn.closed:
+            if session is not None:
+                await self.sessions.discard(session)
+            session = None
+            task.session_pid = None  # its start function sets the pid of the session it gets
+        born = None if session is None else task.now
         done = 0
-        born = None
         spawner_max = task.max
         if task.remote is not None:
             await remote.execute(self, task)  # its own connection, driven on this event loop
@@ -442,12 +484,24 @@ class Scheduler:
                     return
                 done += 1
                 keep_session = task.save
-                task = await self.complete(task, output, error, spawner_max, done, born)
+                finished = task
+                if not self._keeps_session(task):
+                    self.finishing[task.id] = session  # see _offers
+                try:
+                    task = await self.complete(task, output, error, spawner_max, done, born)
+                finally:
+                    if not self._keeps_session(finished) and self.finishing.pop(finished.id, None) is None:
+                        session = None  # the pass that wrote its finish started another task on it
                 if keep_session and task is not None:
                     session.needs_reset = False  # save: the group's next task inherits the session as is
         finally:
             if session is not None:
                 await self.sessions.put(session)
+
+    @staticmethod
+    def _keeps_session(task: Task) -> bool:
+        """Whether the task's session may run the group's next task after it (count/live)."""
+        return task.max >= 0 and (task.count > 0 or task.live_s > 0)
 
     async def failed_in_service(self, task: Task, exc: Exception) -> None:
         """Running ``task`` failed in the service itself (a bug, not the task's input nor a lost
@@ -491,7 +545,7 @@ class Scheduler:
         if task.id in self.drain_cancelled:
             await self.requeue(task)
             return None
-        if task.max >= 0 and (task.count > 0 or task.live_s > 0):
+        if self._keeps_session(task):
             # Finish and take the group's next task under the control lock, so a claim pass cannot
             # hand that task to another session in between (the manual's task_live).
             async with self.control_lock:

@@ -46,9 +46,9 @@ WITH RECURSIVE keys AS (
     FROM keys k LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
     GROUP BY k.g, k.r, k.gmax
 ), locked AS (
-    SELECT c."id", greatest(c."max", 0) - coalesce(run.n, 0) AS cap, c."group", c."remote"
+    SELECT c."id", greatest(c."max", 0) - coalesce(run.n, 0) AS cap, c."group", c."remote", c."user"
     FROM heads k CROSS JOIN LATERAL (
-        SELECT t."id", t."group", t."remote", t."max" FROM {table} t
+        SELECT t."id", t."group", t."remote", t."max", t."user" FROM {table} t
         WHERE t."state" = 'PLAN' AND t."group" = k.g AND coalesce(t."remote", '') = k.r
           AND t."plan" <= statement_timestamp()
           AND (t."plan" + t."active" > statement_timestamp() OR t."repeat" > '0 sec' OR t."max" < 0)
@@ -58,14 +58,29 @@ WITH RECURSIVE keys AS (
     LEFT JOIN running run ON run.g = c."group" AND run.r IS NOT DISTINCT FROM c."remote"
     WHERE k.room > 0
 ), ranked AS (
-    SELECT "id", cap, cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k
+    SELECT "id", cap, cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k,
+           "group", "remote", "user"
     FROM locked
 ), chosen AS (
-    SELECT "id" FROM ranked WHERE k >= 0 ORDER BY cap DESC, "id" LIMIT %(limit)s
+    SELECT "id", "group", "remote", "user" FROM ranked WHERE k >= 0 ORDER BY cap DESC, "id" LIMIT %(limit)s
+), offered AS (
+    -- Idle executor sessions the service offers, each (pid, its role, the group it was opened for):
+    -- a chosen local task of that role and group takes one and goes straight to WORK, started on
+    -- that session's backend (its preamble then only checks it: the table's check function).
+    SELECT o.pid, o."user", o."group", row_number() OVER (PARTITION BY o."user", o."group" ORDER BY o.i) AS n
+    FROM unnest(%(offer_pid)s::int4[], %(offer_user)s::name[], %(offer_group)s::text[])
+         WITH ORDINALITY AS o(pid, "user", "group", i)
+), matched AS (
+    SELECT c."id", o.pid FROM (
+        SELECT "id", "user", "group", row_number() OVER (PARTITION BY "user", "group" ORDER BY "id") AS n
+        FROM chosen WHERE "remote" IS NULL) c
+    JOIN offered o ON o."user" = c."user" AND o."group" = c."group" AND o.n = c.n
 )
-UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
-FROM chosen WHERE t."id" = chosen."id"
-RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
+UPDATE {table} t SET "state" = CASE WHEN m.pid IS NULL THEN 'TAKE'::{state} ELSE 'WORK'::{state} END,
+    "attempt" = t."attempt" + 1, "lease" = gen_random_uuid(), "pid" = m.pid,
+    "start" = CASE WHEN m.pid IS NULL THEN t."start" ELSE statement_timestamp() END
+FROM chosen LEFT JOIN matched m ON m."id" = chosen."id" WHERE t."id" = chosen."id"
+RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295)), m.pid AS session_pid
 
 -- claim_next --
 -- Executor reuse within count/live (the manual's task_live): the next due task of the same group,

@@ -93,13 +93,27 @@ BEGIN
 END
 $body$
 
+-- check --
+-- A local task the claim started on an idle session the service offered (PLAN -> WORK with that
+-- session's pid, see "claim" in queries.sql): that session's preamble checks, fenced like the start
+-- function, that the task is still WORK on its own backend -- not STOP, not taken over -- before
+-- its input runs. Only a session whose login role may act as the task's role passes.
+CREATE OR REPLACE FUNCTION {fn}(task_id bigint, task_attempt integer, task_lease uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    RETURN EXISTS (SELECT FROM {table} WHERE "id" = task_id AND "attempt" = task_attempt
+                   AND "lease" = task_lease AND "state" = 'WORK' AND "pid" = pg_backend_pid()
+                   AND pg_has_role(session_user, "user", 'MEMBER'));
+END
+$body$
+
 -- update --
 -- The state machine and the column guards, in one place:
 --   "user", "group", "remote", "parent" never change;
 --   the task's definition (input, plan, timing, formatting, data) changes only while PLAN, and only
 --   by a member of the task's role -- or by the running task itself (the manual's retry pattern
 --   sets its own repeat to 0);
---   state moves only PLAN->TAKE|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
+--   state moves only PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
@@ -134,12 +148,12 @@ BEGIN
         END IF;
     END IF;
     IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
-           (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'GONE', 'STOP'))
+           (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'WORK', 'GONE', 'STOP'))
         OR (OLD."state" = 'TAKE' AND NEW."state" IN ('WORK', 'PLAN', 'DONE', 'FAIL'))
         OR (OLD."state" = 'WORK' AND NEW."state" IN ('DONE', 'FAIL', 'PLAN', 'STOP'))) THEN
         RAISE EXCEPTION 'invalid state transition of task %: % -> %', OLD.id, OLD."state", NEW."state"
             USING ERRCODE = 'check_violation',
-                  HINT = 'Allowed: PLAN->TAKE|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.';
+                  HINT = 'Allowed: PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.';
     END IF;
     RETURN NEW;
 END

@@ -21,7 +21,7 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
         sched = db.scheduler(run=10)
         claimed = {}
         await sched.start()
-        sched.dispatch = lambda task: (claimed.__setitem__(task.id, task),
+        sched.dispatch = lambda task, session=None: (claimed.__setitem__(task.id, task),
                                        sched.inflight.__setitem__(task.id, (task, None)))
         try:
             assert (await sched.claim_pass())[0] == 5
@@ -72,7 +72,8 @@ def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service)
 def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_one(db):
     """The claim pass writes the finishes waiting to be written first in its own transaction: a
     serial group's next task is claimed in the transaction that finishes the one before (a user's
-    trigger records each state change's transaction)."""
+    trigger records each state change's transaction) -- and started there, on the session the one
+    before ran on: PLAN -> WORK with that session's pid, no TAKE (see "offered" in the claim)."""
     db.execute("CREATE TABLE state_log (id bigint, state text, xid xid8)")
     db.execute("""CREATE FUNCTION log_state() RETURNS trigger LANGUAGE plpgsql AS $$
                   BEGIN INSERT INTO public.state_log VALUES (NEW.id, NEW.state, pg_current_xact_id()); RETURN NULL; END $$""")
@@ -97,8 +98,11 @@ def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_
     assert [db.task(i)["state"] for i in ids] == ["DONE"] * len(ids)
     xid = {(i, s): x for i, s, x in db.execute("SELECT id, state, xid FROM state_log")}
     for previous, following in itertools.pairwise(ids):
-        assert xid[previous, "DONE"] == xid[following, "TAKE"], (previous, following, xid)
-    assert xid[ids[0], "TAKE"] != xid[ids[0], "DONE"]
+        assert xid[previous, "DONE"] == xid[following, "WORK"], (previous, following, xid)
+        assert (following, "TAKE") not in xid, xid
+    # the first one: claimed (TAKE), then started by its session (WORK), then finished
+    assert len({xid[ids[0], "TAKE"], xid[ids[0], "WORK"], xid[ids[0], "DONE"]}) == 3
+    assert len({db.task(i)["pid"] for i in ids}) == 1  # one session ran them all
 
 
 def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, service):

@@ -271,3 +271,50 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
     assert output == ""
     assert error.startswith("ERROR:  canceling statement due to user request"), error
     assert db.value("SELECT count(*) FROM marker") == 0
+
+
+def test_a_task_the_claim_started_on_a_session_runs_there_only_while_it_is_still_its_own(db, monkeypatch):
+    """A claim that starts a task on an offered session (PLAN -> WORK with that session's pid) leaves
+    its preamble only a check (the table's check function, fenced like the start function): the
+    input runs if the row is still WORK on this backend under this lease -- not once it was set
+    to STOP, nor if it was started on another backend -- in one round trip or two alike."""
+    db.execute("CREATE TABLE ran (id bigint)")
+    oid = db.value("SELECT 'task'::regclass::oid")
+    user = db.value("SELECT current_user")
+    trips = Trips(monkeypatch)
+
+    def started_on(pid: int) -> Task:
+        task_id = db.insert("INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint)")
+        row = db.claim(task_id, TASK_COLUMNS)
+        db.execute("UPDATE task SET state = 'WORK', pid = %s, start = now() WHERE id = %s", (pid, task_id))
+        task = Task.from_row(row)
+        task.session_pid = pid
+        return task
+
+    async def go() -> list:
+        pool = SessionPool(db.dsn, user, "login")
+        session, other = await pool.get(user), await pool.get(user)
+        results = []
+        try:
+            for case in ("runs", "runs", "stopped", "on another backend", "runs"):
+                task = started_on(other.pid if case == "on another backend" else session.pid)
+                task.session_pid = session.pid
+                if case == "stopped":
+                    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (task.id,))
+                trips.take()
+                try:
+                    outcome = await run_input(session, task, "public", "task", oid, 1 << 20)
+                except NotStarted:
+                    outcome = NotStarted
+                results.append((task.id, outcome, trips.take()))
+        finally:
+            await pool.discard(session)
+            await pool.discard(other)
+        return results
+
+    results = asyncio.run(go())
+    assert [(r[1], r[2]) for r in results] == [
+        (("INSERT 0 1", None), 2), (("INSERT 0 1", None), 1), (NotStarted, 2), (NotStarted, 2),
+        (("INSERT 0 1", None), 1)], results
+    assert sorted(r[0] for r in db.execute("SELECT id FROM ran")) == [results[i][0] for i in (0, 1, 4)]
+    assert db.task(results[2][0])["state"] == "STOP"

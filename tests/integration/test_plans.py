@@ -11,7 +11,7 @@ from pgtask.scheduler import TASK_COLUMNS
 
 def claim_query(conn, name):
     return sql.SQL(named.query("queries.sql", name)).format(
-        table=sql.Identifier("public", "task"), task_columns=sql.SQL(TASK_COLUMNS),
+        table=sql.Identifier("public", "task"), task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier("public", "state"),
         copy_columns=sql.SQL(""), copy_columns_t=sql.SQL("")).as_string(conn)
 
 
@@ -34,7 +34,7 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     db.execute("ALTER TABLE task ENABLE TRIGGER USER")
     db.execute("ANALYZE task")
     oid = db.value("SELECT 'task'::regclass::oid")
-    plan = explain(db, "claim", {"oid": oid, "limit": 1000})
+    plan = explain(db, "claim", {"oid": oid, "limit": 1000, "offer_pid": [1], "offer_user": ["u"], "offer_group": ["g"]})
     assert "task_queue_idx" in plan, plan
     assert "task_running_idx" in plan, plan
     assert "Seq Scan on task" not in plan, plan
@@ -54,7 +54,7 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     async def go() -> tuple[str, str]:
         sched = db.scheduler()
         await sched.start()
-        sched.dispatch = lambda task: sched.inflight.__setitem__(task.id, (task, None))
+        sched.dispatch = lambda task, session=None: sched.inflight.__setitem__(task.id, (task, None))
         try:
             await sched.claim_pass()  # empty: prepared and planned on an empty table
             plans = [await next_plan(sched)]

@@ -184,7 +184,7 @@ def test_routing_columns_immutable_and_definition_frozen_after_plan(db):
     db.execute("UPDATE task SET output = 'o', start = now() WHERE id = %s", (task_id,))
 
 
-ALLOWED = {("PLAN", "TAKE"), ("PLAN", "GONE"), ("PLAN", "STOP"), ("TAKE", "WORK"), ("TAKE", "PLAN"),
+ALLOWED = {("PLAN", "TAKE"), ("PLAN", "WORK"), ("PLAN", "GONE"), ("PLAN", "STOP"), ("TAKE", "WORK"), ("TAKE", "PLAN"),
            ("TAKE", "DONE"), ("TAKE", "FAIL"), ("WORK", "DONE"), ("WORK", "FAIL"), ("WORK", "PLAN"),
            ("WORK", "STOP")}
 STATES = ["PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP"]
