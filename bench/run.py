@@ -385,7 +385,7 @@ class Bench:
                     with conn.transaction():
                         conn.execute(q("claim_lock"), {"oid": oid, "ids": [], "claim": True})
                         rows = conn.execute(q("claim"), {"oid": oid, "limit": 1000, "offer_pid": [],
-                                                         "offer_user": [], "offer_group": []}).fetchall()
+                                                         "offer_id": []}).fetchall()
                         conn.execute(q("next")).fetchone()
                     times.append((time.perf_counter() - t) * 1000)
                     assert len(rows) == 1, rows

@@ -44,7 +44,7 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
 PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")),
-                   ("claim", ("oid", "limit", "offer_pid", "offer_user", "offer_group")),
+                   ("claim", ("oid", "limit", "offer_pid", "offer_id")),
                    ("next", ()))
 
 
@@ -339,8 +339,9 @@ class Scheduler:
                                 f"'{{{','.join(str(int(i)) for i in ids)}}}')".encode())
                 if claim:
                     offers = self._offers(batch)
-                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, ".encode()
-                                + self._offer_args(offers) + b")")
+                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, "
+                                f"'{{{','.join(str(int(pid)) for pid in offers)}}}', "
+                                f"'{{{','.join(str(int(t.id)) for t, _ in offers.values())}}}')".encode())
                 text.append(b"EXECUTE pgtask_next; COMMIT")
                 await wire.send(pgconn, b"; ".join(text))
                 results, error = await wire.results(pgconn)
@@ -397,13 +398,6 @@ class Scheduler:
             self.finishing[finished.id] = session
         offers.clear()
 
-    def _offer_args(self, offers: dict[int, tuple[Task, Session]]) -> bytes:
-        """The claim's offered sessions as three array literals: pids, roles, groups."""
-        escape = pq.Escaping(self.control.pgconn)
-        values = _dump(self.pass_loader, ("pid", "user", "group"), {
-            "pid": list(offers), "user": [t.user for t, _ in offers.values()],
-            "group": [t.group for t, _ in offers.values()]})
-        return b", ".join(escape.escape_literal(v) for v in values)
 
     def _take_for_pass(self) -> list:
         """The pending writes for this claim pass to write (see claim_pass), taken out of pending:

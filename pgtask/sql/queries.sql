@@ -64,12 +64,13 @@ WITH RECURSIVE keys AS (
 ), chosen AS (
     SELECT "id", "group", "remote", "user" FROM ranked WHERE k >= 0 ORDER BY cap DESC, "id" LIMIT %(limit)s
 ), offered AS (
-    -- Idle executor sessions the service offers, each (pid, its role, the group it was opened for):
-    -- a chosen local task of that role and group takes one and goes straight to WORK, started on
-    -- that session's backend (its preamble then only checks it: the table's check function).
-    SELECT o.pid, o."user", o."group", row_number() OVER (PARTITION BY o."user", o."group" ORDER BY o.i) AS n
-    FROM unnest(%(offer_pid)s::int4[], %(offer_user)s::name[], %(offer_group)s::text[])
-         WITH ORDINALITY AS o(pid, "user", "group", i)
+    -- Idle executor sessions the service offers, each (its pid, the task it ran, which this
+    -- transaction finished): a chosen local task of that task's role and group takes one and goes
+    -- straight to WORK, started on that session's backend (its preamble then only checks it: the
+    -- table's check function).
+    SELECT o.pid, f."user", f."group", row_number() OVER (PARTITION BY f."user", f."group" ORDER BY o.i) AS n
+    FROM unnest(%(offer_pid)s::int4[], %(offer_id)s::bigint[]) WITH ORDINALITY AS o(pid, id, i)
+    JOIN {table} f ON f."id" = o.id
 ), matched AS (
     SELECT c."id", o.pid FROM (
         SELECT "id", "user", "group", row_number() OVER (PARTITION BY "user", "group" ORDER BY "id") AS n
