@@ -18,12 +18,12 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from support import Service, _free_port, wait_for
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir, find_bindir
 from pgtask.config import Entry
 from pgtask.scheduler import Options, Scheduler
-from support import Service, _free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()

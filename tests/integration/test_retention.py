@@ -105,6 +105,7 @@ def test_key_expiry_is_independent_of_history(db):
     assert out["keys"] == 1
     assert {r[0] for r in db.execute("SELECT key FROM task_key")} == {"live", "fresh"}
     assert db.execute("SELECT created FROM task_enqueue('SELECT 1', 'fresh')") == [(False,)]
+    assert db.task(live_key)["state"] == "PLAN"  # its task untouched by either
 
 
 def test_retention_and_enqueue_interleaved(db):

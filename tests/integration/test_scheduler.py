@@ -276,6 +276,7 @@ def test_many_groups_all_run(db, service):
     ids = [db.insert("SELECT 1", group=f"g{i % 16}") for i in range(200)]
     wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE' AND output = '1'") == 200, 30,
              message="200 tasks in 16 groups to be DONE")
+    assert {r[0] for r in db.execute("SELECT id FROM task WHERE state = 'DONE'")} == set(ids)
     assert db.value("SELECT max(attempt) FROM task") == 1
 
 
