@@ -101,12 +101,14 @@ class Connection:
         self.encoding: str = conn.info.encoding
         self.pg_encoding = self.pgconn.parameter_status(b"client_encoding")
 
+    def encoding_changed(self) -> bool:
+        """Whether a task's input changed the connection's client encoding (SET client_encoding,
+        SET NAMES); the server reports a change once its query is over."""
+        return self.pgconn.parameter_status(b"client_encoding") != self.pg_encoding
+
     def encoding_now(self) -> str:
-        """The client encoding the server sends text in now: a task's input may have changed it
-        (SET client_encoding, SET NAMES). The server reports a change once its query is over."""
-        if self.pgconn.parameter_status(b"client_encoding") == self.pg_encoding:
-            return self.encoding
-        return self.conn.info.encoding
+        """The client encoding the server sends text in now (see encoding_changed)."""
+        return self.conn.info.encoding if self.encoding_changed() else self.encoding
 
 
 # DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
@@ -312,7 +314,7 @@ def _set_role(user: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _start_function(schema: str, table: str, kind: str) -> str:
+def _table_function(schema: str, table: str, kind: str) -> str:
     return sql.Identifier(schema, function_name(table, kind)).as_string(None)
 
 
@@ -321,7 +323,7 @@ def _start(task: Task, schema: str, table: str) -> str:
     the claim started on this session already, its check function (see "check" in triggers.sql)."""
     lease = task.lease if isinstance(task.lease, uuid.UUID) else uuid.UUID(str(task.lease))  # into SQL text
     kind = "start" if task.session_pid is None else "check"
-    return f"{_start_function(schema, table, kind)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
+    return f"{_table_function(schema, table, kind)}({int(task.id)}, {int(task.attempt)}, '{lease}'::uuid)"
 
 
 def _session_settings(task: Task, schema: str, table: str, oid: int, reset: bool, own: tuple) -> str:
@@ -426,7 +428,7 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     query string (one round trip, see one_trip_preamble); anything else takes two.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
-    if session.needs_reset and session.pgconn.parameter_status(b"client_encoding") != session.pg_encoding:
+    if session.needs_reset and session.encoding_changed():
         # The previous task changed the session's client encoding: the server would read this
         # task's text in that encoding. The reset (ASCII) first, on its own, restores it.
         await session.reset()

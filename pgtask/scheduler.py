@@ -73,6 +73,11 @@ def _resolve(batch: list, matched: set[tuple[str, int]]) -> None:
             fut.set_result((kind, task.id) in matched)
 
 
+def _int_array(values) -> str:
+    """An array literal of integers, for a statement's text (the claim pass's EXECUTEs)."""
+    return "'{" + ",".join(str(int(v)) for v in values) + "}'"
+
+
 def _finish_arrays(finishes: list) -> dict[str, list]:
     """FINISH_PARAMS of pending finishes (kind, task, (output, error), future)."""
     return {"f_id": [t.id for _, t, _, _ in finishes], "f_attempt": [t.attempt for _, t, _, _ in finishes],
@@ -335,13 +340,11 @@ class Scheduler:
                 ids, self.to_unlock = self.to_unlock, []
                 claim = room > 0 and self.options.limit > 0
                 if claim or ids:
-                    text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, "
-                                f"'{{{','.join(str(int(i)) for i in ids)}}}')".encode())
+                    text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, {_int_array(ids)})".encode())
                 if claim:
                     offers = self._offers(batch)
                     text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, "
-                                f"'{{{','.join(str(int(pid)) for pid in offers)}}}', "
-                                f"'{{{','.join(str(int(t.id)) for t, _ in offers.values())}}}')".encode())
+                                f"{_int_array(offers)}, {_int_array(t.id for t, _ in offers.values())})".encode())
                 text.append(b"EXECUTE pgtask_next; COMMIT")
                 await wire.send(pgconn, b"; ".join(text))
                 results, error = await wire.results(pgconn)
@@ -398,7 +401,6 @@ class Scheduler:
             self.finishing[finished.id] = session
         offers.clear()
 
-
     def _take_for_pass(self) -> list:
         """The pending writes for this claim pass to write (see claim_pass), taken out of pending:
         all of them (up to MAX_BATCH) if the pass may write them, else none."""
@@ -443,7 +445,7 @@ class Scheduler:
                 await self.sessions.discard(session)
             session = None
             task.session_pid = None  # its start function sets the pid of the session it gets
-        born = None if session is None else task.now
+        born = task.now  # when the session started serving this group (count/live)
         done = 0
         spawner_max = task.max
         if task.remote is not None:
@@ -455,7 +457,6 @@ class Scheduler:
                     session = await self.open_session(task)
                     if session is None:
                         return
-                    born = task.now
                 self.inflight[task.id] = (task, session)
                 try:
                     output, error = await run_input(
@@ -478,13 +479,13 @@ class Scheduler:
                     return
                 done += 1
                 keep_session = task.save
-                finished = task
-                if not self._keeps_session(task):
+                finished, offerable = task, not self._keeps_session(task)
+                if offerable:
                     self.finishing[task.id] = session  # see _offers
                 try:
                     task = await self.complete(task, output, error, spawner_max, done, born)
                 finally:
-                    if not self._keeps_session(finished) and self.finishing.pop(finished.id, None) is None:
+                    if offerable and self.finishing.pop(finished.id, None) is None:
                         session = None  # the pass that wrote its finish started another task on it
                 if keep_session and task is not None:
                     session.needs_reset = False  # save: the group's next task inherits the session as is
@@ -634,7 +635,7 @@ class Scheduler:
         """A finish that only finishes (no repeat, no delete) of a task that does not keep its
         session (count/live: its finish is awaited under the control lock, see complete)."""
         return (kind == "f" and not task.repeats and not (task.delete and payload == (None, None))
-                and task.count <= 0 and task.live_s <= 0)
+                and not Scheduler._keeps_session(task))
 
     def _check_flushes(self, delay: float) -> None:
         if self.flush_check is None:

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -116,6 +117,26 @@ class Database:
         return Scheduler(entry, self.cluster.conninfo(), Options(
             sleep=1.0, run=run, limit=1000, reset_check=3600, output_limit=1 << 20, execute_as="login",
             grace=1))
+
+    def run_scheduler(self, finished: int, configure: Callable[[Scheduler], None] = lambda sched: None,
+                      timeout: float = 15.0) -> None:
+        """Run a scheduler() (``configure``d first) in this process until ``finished`` rows are DONE
+        or FAIL; the test fails if that takes ``timeout`` s or the scheduler stops."""
+        async def go() -> None:
+            sched = self.scheduler()
+            configure(sched)
+            await sched.start()
+            runner = asyncio.create_task(sched.run())
+            deadline = time.monotonic() + timeout
+            try:
+                while self.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < finished:
+                    assert not runner.done() and time.monotonic() < deadline, runner
+                    await asyncio.sleep(0.02)
+            finally:
+                runner.cancel()
+                await sched.close()
+
+        asyncio.run(go())
 
     def task(self, task_id: int) -> dict | None:
         cur = self.conn.cursor(row_factory=psycopg.rows.dict_row)

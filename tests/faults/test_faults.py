@@ -11,6 +11,7 @@ import psycopg
 from support import Service, _free_port, wait_for
 
 from pgtask.cluster import Cluster
+from pgtask.output import Output
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
 
@@ -233,10 +234,6 @@ def test_a_failure_of_the_service_itself_fails_the_task_and_the_service_goes_on(
     """A bug in the service while it runs one task (injected here: formatting a row raises) must
     not leave that task WORK for as long as the service runs: it fails with the reason, its session
     is dropped, and the service runs the next tasks -- local and remote."""
-    import asyncio
-    import time
-
-    from pgtask.output import Output
 
     real = Output.row
 
@@ -248,21 +245,7 @@ def test_a_failure_of_the_service_itself_fails_the_task_and_the_service_goes_on(
     monkeypatch.setattr(Output, "row", row)
     bad = [db.insert("SELECT 'explode' AS a"), db.insert("SELECT 'explode' AS a", remote=db.dsn)]
     good = [db.insert("SELECT 'fine' AS a"), db.insert("SELECT 'fine' AS a", remote=db.dsn)]
-
-    async def go() -> None:
-        sched = db.scheduler()
-        await sched.start()
-        runner = asyncio.create_task(sched.run())
-        deadline = time.monotonic() + 15
-        try:
-            while db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < 4:
-                assert not runner.done() and time.monotonic() < deadline, runner
-                await asyncio.sleep(0.02)
-        finally:
-            runner.cancel()
-            await sched.close()
-
-    asyncio.run(go())
+    db.run_scheduler(len(bad) + len(good))
     for task_id in bad:
         row = db.task(task_id)
         assert row["state"] == "FAIL", row

@@ -3,7 +3,6 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 
 import asyncio
 import itertools
-import time
 
 from support import wait_for
 
@@ -22,7 +21,7 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
         claimed = {}
         await sched.start()
         sched.dispatch = lambda task, session=None: (claimed.__setitem__(task.id, task),
-                                       sched.inflight.__setitem__(task.id, (task, None)))
+                                                     sched.inflight.__setitem__(task.id, (task, None)))
         try:
             assert (await sched.claim_pass())[0] == 5
             db.claim(lost)  # another claim took it meanwhile: its finish must not land
@@ -79,22 +78,8 @@ def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_
                   BEGIN INSERT INTO public.state_log VALUES (NEW.id, NEW.state, pg_current_xact_id()); RETURN NULL; END $$""")
     db.execute("CREATE TRIGGER log_state AFTER UPDATE OF state ON task FOR EACH ROW EXECUTE FUNCTION log_state()")
     ids = [db.insert("SELECT 1", group="serial") for _ in range(4)]
-
-    async def go() -> None:
-        sched = db.scheduler()
-        sched.SLOW_FLUSH = 30.0  # no flusher takes over however slow this machine is: passes only
-        await sched.start()
-        runner = asyncio.create_task(sched.run())
-        deadline = time.monotonic() + 15
-        try:
-            while db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < len(ids):
-                assert not runner.done() and time.monotonic() < deadline, runner
-                await asyncio.sleep(0.02)
-        finally:
-            runner.cancel()
-            await sched.close()
-
-    asyncio.run(go())
+    # no flusher takes over however slow this machine is: claim passes only
+    db.run_scheduler(len(ids), configure=lambda sched: setattr(sched, "SLOW_FLUSH", 30.0))
     assert [db.task(i)["state"] for i in ids] == ["DONE"] * len(ids)
     xid = {(i, s): x for i, s, x in db.execute("SELECT id, state, xid FROM state_log")}
     for previous, following in itertools.pairwise(ids):

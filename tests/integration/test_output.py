@@ -117,26 +117,23 @@ ENCODING_CASES = [
 ]
 
 
-def _check_encoding_cases(db, rows) -> None:
-    for (input_text, output, error), task_id in zip(ENCODING_CASES, rows):
+def _check_encoding_cases(db, cases) -> None:
+    ids = [db.insert(text) for text, _, _ in cases]
+    for (input_text, output, error), task_id in zip(cases, ids):
         row = db.wait_state(task_id)
         assert (row["output"], row["error"]) == (output, error), input_text
         assert row["state"] == ("FAIL" if error else "DONE")
 
 
 def test_input_that_changes_client_encoding(db, service):
-    _check_encoding_cases(db, [db.insert(text) for text, _, _ in ENCODING_CASES])
+    _check_encoding_cases(db, ENCODING_CASES)
 
 
 def test_input_that_changes_client_encoding_in_a_latin1_database(databases, service_factory):
     db = databases("template0", encoding="LATIN1")
     service_factory(db.name)
-    cases = [(t.replace("WIN1252", "UTF8").replace("€uro", "ü"), o.replace("WIN1252", "UTF8").replace("€uro", "ü"), e)
-             for t, o, e in ENCODING_CASES]
-    ids = [db.insert(text) for text, _, _ in cases]
-    for (input_text, output, error), task_id in zip(cases, ids):
-        row = db.wait_state(task_id)
-        assert (row["output"], row["error"]) == (output, error), input_text
+    _check_encoding_cases(db, [(t.replace("WIN1252", "UTF8").replace("€uro", "ü"),
+                                o.replace("WIN1252", "UTF8").replace("€uro", "ü"), e) for t, o, e in ENCODING_CASES])
 
 
 def test_remote_input_that_changes_client_encoding(db, service):
