@@ -90,7 +90,7 @@ def refused_copy(text: str) -> str | None:
 
 
 class Connection:
-    """A connection that runs task input; ``conn`` is what ``Scheduler.cancel`` cancels."""
+    """A connection that runs task input; ``cancel`` is how ``Scheduler.cancel`` cancels it."""
 
     def __init__(self, conn: psycopg.AsyncConnection):
         self.conn = conn
@@ -100,6 +100,29 @@ class Connection:
         # builds a ConnectionInfo for every .info).
         self.encoding: str = conn.info.encoding
         self.pg_encoding = self.pgconn.parameter_status(b"client_encoding")
+        self.cancels = 0  # cancel requests on their way to the server (see cancel)
+        self.no_cancels = asyncio.Event()
+        self.no_cancels.set()
+
+    async def cancel(self) -> None:
+        """Cancel the query in flight (a STOP, the shutdown's grace period over). Until the server
+        has taken the request, nothing more is sent on this connection (see settled): the query
+        may end meanwhile, and a cancel that reached the server after the next task's query would
+        cancel that one instead."""
+        self.cancels += 1
+        self.no_cancels.clear()
+        try:
+            await self.conn.cancel_safe()
+        finally:
+            self.cancels -= 1
+            if not self.cancels:
+                self.no_cancels.set()
+
+    async def settled(self) -> None:
+        """Wait for the cancel requests in flight (see cancel): once the server has taken one, it
+        cancels the query running then, or none (an idle session ignores it)."""
+        if self.cancels:
+            await self.no_cancels.wait()
 
     def encoding_changed(self) -> bool:
         """Whether a task's input changed the connection's client encoding (SET client_encoding,
@@ -148,6 +171,7 @@ class Session(Connection):
         """Back to a clean session now."""
         if not self.needs_reset:
             return
+        await self.settled()
         err = await wire.simple(self.pgconn, RESET_SESSION, self.encoding)
         if err is not None:
             raise psycopg.OperationalError(format_error(err, None))
@@ -428,6 +452,7 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     query string (one round trip, see one_trip_preamble); anything else takes two.
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
+    await session.settled()  # a cancel meant for the task before must not reach this one
     if session.needs_reset and session.encoding_changed():
         # The previous task changed the session's client encoding: the server would read this
         # task's text in that encoding. The reset (ASCII) first, on its own, restores it.

@@ -50,7 +50,7 @@ PASSWORD_NOT_USED_HINT = "Target server's authentication method must be changed.
 
 
 class RemoteConnection(Connection):
-    """One remote connection; ``conn`` is what ``Scheduler.cancel`` cancels (``cancel_safe``)."""
+    """One remote connection, for one task."""
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection

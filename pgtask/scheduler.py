@@ -833,7 +833,7 @@ class Scheduler:
         entry = self.inflight.get(task_id)
         if entry and entry[1] is not None:
             try:
-                await entry[1].conn.cancel_safe()
+                await entry[1].cancel()
             except psycopg.Error as exc:
                 log.warning("task %s: cancel failed: %s", task_id, exc)
 

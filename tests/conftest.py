@@ -12,7 +12,7 @@ import itertools
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -119,21 +119,29 @@ class Database:
             grace=1))
 
     def run_scheduler(self, finished: int, configure: Callable[[Scheduler], None] = lambda sched: None,
-                      timeout: float = 15.0) -> None:
+                      timeout: float = 15.0,
+                      during: Callable[[Scheduler], Awaitable[None]] | None = None) -> None:
         """Run a scheduler() (``configure``d first) in this process until ``finished`` rows are DONE
-        or FAIL; the test fails if that takes ``timeout`` s or the scheduler stops."""
+        or FAIL and ``during(scheduler)``, run alongside, is over; the test fails if that takes
+        ``timeout`` s, the scheduler stops or ``during`` fails."""
         async def go() -> None:
             sched = self.scheduler()
             configure(sched)
             await sched.start()
             runner = asyncio.create_task(sched.run())
+            beside = asyncio.create_task(during(sched)) if during is not None else None
             deadline = time.monotonic() + timeout
             try:
-                while self.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < finished:
+                while self.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") < finished or \
+                        beside is not None and not beside.done():
                     assert not runner.done() and time.monotonic() < deadline, runner
                     await asyncio.sleep(0.02)
+                if beside is not None:
+                    beside.result()  # its failure is the test's
             finally:
                 runner.cancel()
+                if beside is not None:
+                    beside.cancel()
                 await sched.close()
 
         asyncio.run(go())

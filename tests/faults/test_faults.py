@@ -4,6 +4,7 @@ executor may have died mid-run (it was in flight when the fault hit)."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from support import Service, _free_port, wait_for
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
+from pgtask.scheduler import Scheduler
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
 
@@ -252,3 +254,38 @@ def test_a_failure_of_the_service_itself_fails_the_task_and_the_service_goes_on(
         assert row["error"] == ("ERROR:  pgtask failed running the task: RuntimeError: injected\n"
                                 "STATEMENT:  SELECT 'explode' AS a"), row["error"]
     assert [db.task(i)["output"] for i in good] == ["fine", "fine"]
+
+
+def test_a_cancel_that_arrives_late_does_not_reach_the_next_task(db, monkeypatch):
+    """A STOP's cancel (the listener's, or the shutdown's) is on its way to the server while the
+    task's query ends by itself, and the session's next task -- here the group's next one, started
+    on the same session in the pass that finishes the first -- must not be the one it cancels.
+    The delivery is held up here until the next task is WORK."""
+    delivered = asyncio.Event()
+    deliver = asyncio.Event()
+    real = psycopg.AsyncConnection.cancel_safe
+
+    async def late_cancel(self, *args, **kwargs):
+        await deliver.wait()
+        await real(self, *args, **kwargs)
+        delivered.set()
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "cancel_safe", late_cancel)
+    first = db.insert("SELECT pg_sleep(0.3)", group="g")
+    following = db.insert("SELECT pg_sleep(1)", group="g")
+
+    async def during(sched: Scheduler) -> None:
+        while (entry := sched.inflight.get(first)) is None or entry[1] is None:  # running on its session
+            await asyncio.sleep(0.01)
+        cancel = asyncio.create_task(sched.cancel(first))
+        while db.task(following)["state"] != "WORK":
+            await asyncio.sleep(0.01)
+        assert db.task(first)["state"] == "DONE"
+        deliver.set()
+        await cancel
+        assert delivered.is_set()
+
+    db.run_scheduler(2, during=during)
+    rows = [db.task(first), db.task(following)]
+    assert [r["state"] for r in rows] == ["DONE", "DONE"], rows[1]["error"]
+    assert rows[0]["pid"] == rows[1]["pid"]  # the cancelled session ran the next task
