@@ -75,9 +75,10 @@ class Service:
         self.config_path.write_text(config + base)
 
     def start(self, wait: bool = True) -> Service:
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config", str(self.config_path)],
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        with open(self.log_path, "ab") as log:  # the service writes to its own copy of the descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config",
+                                          str(self.config_path)],
+                                         env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
         if wait:
             wait_for(self.ready, 30, message=f"pgtask run to be ready:\n{self.output()}")
         return self

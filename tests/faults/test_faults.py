@@ -163,8 +163,8 @@ HOSTILE = {"data": "db ';x ü", "user": "rôle \"q\" ;", "schema": "s; x", "tabl
 
 
 def test_hostile_names_everywhere(cluster, service_factory, db):
-    toml = "[pg_task]\njson = [{data = %s, user = %s, schema = %s, table = %s}]\n" % tuple(
-        '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in HOSTILE.values())
+    data, user, schema, table = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in HOSTILE.values())
+    toml = f"[pg_task]\njson = [{{data = {data}, user = {user}, schema = {schema}, table = {table}}}]\n"
     service_factory(db.name, toml)
     table = psycopg.sql.Identifier(HOSTILE["schema"], HOSTILE["table"])
     with psycopg.connect(cluster.conninfo(HOSTILE["data"], HOSTILE["user"]), autocommit=True) as conn:

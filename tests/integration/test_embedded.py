@@ -18,9 +18,9 @@ def test_embedded_default(tmp_path):
     port = _free_port()
     (tmp_path / "pgtask.toml").write_text(f'[pgtask]\nembedded_dir = "{tmp_path / "pg"}"\nembedded_port = {port}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    log = open(tmp_path / "run.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config", str(tmp_path / "pgtask.toml")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    with open(tmp_path / "run.log", "wb") as log:  # the service writes to its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "pgtask.cli", "run", "--config", str(tmp_path / "pgtask.toml")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     cluster = Cluster(tmp_path / "pg", embedded_bindir(), port=port)
     try:
         wait_for(lambda: "pgtask running" in (tmp_path / "run.log").read_text(), 90,

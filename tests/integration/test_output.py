@@ -27,11 +27,11 @@ CASES = [
     ("SELECT * FROM missing_table", {}, "",
      'ERROR:  relation "missing_table" does not exist at character 15\nSTATEMENT:  SELECT * FROM missing_table'),
     ("DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$", {}, "",
-     "ERROR:  boom\nDETAIL:  d\nHINT:  h\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
-     "STATEMENT:  DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$"),
+     ("ERROR:  boom\nDETAIL:  d\nHINT:  h\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
+      "STATEMENT:  DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$")),
     ("DO $$BEGIN RAISE EXCEPTION E'two\\nlines'; END$$", {}, "",
-     "ERROR:  two\n\tlines\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
-     "STATEMENT:  DO $$BEGIN RAISE EXCEPTION E'two\\nlines'; END$$"),
+     ("ERROR:  two\n\tlines\nCONTEXT:  PL/pgSQL function inline_code_block line 1 at RAISE\n"
+      "STATEMENT:  DO $$BEGIN RAISE EXCEPTION E'two\\nlines'; END$$")),
     ("COPY (SELECT 1) TO STDOUT", {}, "", "ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  COPY (SELECT 1) TO STDOUT"),
     ("COPY pg_class FROM STDIN", {}, "",
      "ERROR:  COPY FROM STDIN is not supported\nSTATEMENT:  COPY pg_class FROM STDIN"),

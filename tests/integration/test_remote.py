@@ -148,7 +148,7 @@ def test_copy_to_stdout_100000_rows(db, service, far):
 # -- the session the remote side sees -------------------------------------------------------------
 
 def test_session_settings(db, service, far):
-    dsn, fconn = far
+    dsn, _ = far
     group = "it's a \\group"
     probe = ("SELECT current_setting('pg_task.id'), current_setting('pg_task.group'), "
              "current_setting('application_name'), current_setting('client_encoding'), "

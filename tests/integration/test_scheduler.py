@@ -1,5 +1,6 @@
 """The scheduler through the real `pgtask run`: timing columns, repeat, groups, reuse, STOP, recovery."""
 
+import itertools
 import json
 import os
 import signal
@@ -119,7 +120,7 @@ def test_negative_max_pauses_the_group(db, service):
     for i in ids:
         db.wait_state(i, timeout=20)
     times = [r[0] for r in db.execute("SELECT at FROM ran ORDER BY at")]
-    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
     # on the plan grid of each row (not from the previous stop): about |max| apart, never much less
     assert all(0.5 <= g <= 2.5 for g in gaps), gaps
 
@@ -245,10 +246,11 @@ def test_sigterm_grace_over_requeues(db, service_factory):
 def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
     env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
     cfg = tmp_path / "p.toml"
-    cfg.write_text('[pg_task]\njson = [{data = "%s", user = "prov_user", schema = "jobs", table = "t"}]\n' % db.name)
+    cfg.write_text(f'[pg_task]\njson = [{{data = "{db.name}", user = "prov_user", schema = "jobs", table = "t"}}]\n')
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "pgtask.cli", *args], env=env, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "pgtask.cli", *args], env=env, capture_output=True, text=True,
+                              check=False)
 
     first = run("provision", "--json", "--config", str(cfg))
     assert first.returncode == 0, first.stderr
@@ -294,8 +296,8 @@ def test_executes_as_the_inserting_role(db, service):
     "SET SESSION AUTHORIZATION postgres; SELECT current_user",
     "SELECT set_config('role', 'postgres', false); SELECT current_user",
     "DO $$BEGIN EXECUTE 'SET ROLE postgres'; END$$; SELECT current_user",
-    "CREATE FUNCTION pg_temp.f() RETURNS text LANGUAGE plpgsql AS $$BEGIN RESET ROLE; RETURN current_user; END$$; "
-    "SELECT pg_temp.f()",
+    ("CREATE FUNCTION pg_temp.f() RETURNS text LANGUAGE plpgsql AS $$BEGIN RESET ROLE; RETURN current_user; END$$; "
+     "SELECT pg_temp.f()"),
 ])
 def test_input_cannot_leave_its_role(db, service, escape):
     db.role("erin")

@@ -1,5 +1,6 @@
 """The supervisor (pg_conf): entries of pg_task.json, SIGHUP, restarts; several service instances."""
 
+import functools
 import signal
 
 import psycopg
@@ -21,6 +22,12 @@ def state_in(cluster, dbname, schema, table, task_id):
     with psycopg.connect(cluster.conninfo(dbname), autocommit=True) as conn:
         return conn.execute(f"SELECT state, output FROM {qualified(schema, table)} WHERE id = %s",
                             (task_id,)).fetchone()
+
+
+def done_in(cluster, dbname, schema, table, task_id):
+    """The task's (state, output) once it is DONE, else None."""
+    row = state_in(cluster, dbname, schema, table, task_id)
+    return row if row is not None and row[0] == "DONE" else None
 
 
 def test_four_entries_from_nothing_and_sighup(db, cluster, service_factory):
@@ -45,7 +52,7 @@ def test_four_entries_from_nothing_and_sighup(db, cluster, service_factory):
             # the table already existed (the template's); let the new role use it
             db.execute(f'GRANT INSERT, SELECT ON task TO "{user}"; GRANT USAGE ON SEQUENCE task_id_seq TO "{user}"')
         task_id = run_in(cluster, dbname, user, schema, table)
-        row = wait_for(lambda: (r := state_in(cluster, dbname, schema, table, task_id)) and r[0] == "DONE" and r,
+        row = wait_for(functools.partial(done_in, cluster, dbname, schema, table, task_id),
                        message=f"a task in {dbname} {schema}.{table}")
         assert row[1].split("\n")[-1] == f"{user}\t{dbname}"
     # the new database is owned by its role, and so is its table
