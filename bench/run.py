@@ -49,12 +49,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
-from psycopg import sql
 
 from pgtask import provision
-from pgtask import sql as named
 from pgtask.cluster import Cluster, debian_bindir
-from pgtask.scheduler import TASK_COLUMNS
+from pgtask.scheduler import render_query
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIVIAL = "SELECT 1"
@@ -361,12 +359,9 @@ class Bench:
     def claim(self) -> None:
         db = self.database()
         dsn = self.cluster.conninfo(db)
-        table = sql.Identifier("public", "task")
 
-        def q(name: str) -> sql.Composed:
-            return sql.SQL(named.query("queries.sql", name)).format(
-                table=table, task_columns=sql.SQL(TASK_COLUMNS), copy_columns=sql.SQL(""),
-                copy_columns_t=sql.SQL(""), state=sql.Identifier("public", "state"))
+        def q(name: str) -> str:
+            return render_query(name, "public", "task")
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             oid = conn.execute("SELECT 'public.task'::regclass::oid").fetchone()[0]

@@ -73,6 +73,18 @@ def _resolve(batch: list, matched: set[tuple[str, int]]) -> None:
             fut.set_result((kind, task.id) in matched)
 
 
+def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> str:
+    """The named query of queries.sql for the task table ``schema``.``table``; ``copy_columns``: the
+    columns a repeat copies (see "columns")."""
+    ident = sql.Identifier(schema, table)
+    cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
+    return sql.SQL(named.query("queries.sql", name)).format(
+        table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"),
+        copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
+        flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=ident),
+    ).as_string(None)
+
+
 def _int_array(values) -> str:
     """An array literal of integers, for a statement's text (the claim pass's EXECUTEs)."""
     return "'{" + ",".join(str(int(v)) for v in values) + "}'"
@@ -169,12 +181,7 @@ class Scheduler:
     def q(self, name: str) -> str:
         """A named query of queries.sql for this table, rendered once (psycopg then caches its parse)."""
         if name not in self._queries:
-            cols_t = ", ".join(f"t.{c.strip()}" for c in self.copy_columns.split(",")) if self.copy_columns else ""
-            self._queries[name] = sql.SQL(named.query("queries.sql", name)).format(
-                table=self.table, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(self.entry.schema, "state"),
-                copy_columns=sql.SQL(self.copy_columns), copy_columns_t=sql.SQL(cols_t),
-                flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=self.table),
-            ).as_string(None)
+            self._queries[name] = render_query(name, self.entry.schema, self.entry.table, self.copy_columns)
         return self._queries[name]
 
     async def refresh_columns(self, conn: psycopg.AsyncConnection) -> None:

@@ -3,20 +3,12 @@
 import asyncio
 
 import psycopg
-from psycopg import sql
 
-from pgtask import sql as named
-from pgtask.scheduler import TASK_COLUMNS
-
-
-def claim_query(conn, name):
-    return sql.SQL(named.query("queries.sql", name)).format(
-        table=sql.Identifier("public", "task"), task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier("public", "state"),
-        copy_columns=sql.SQL(""), copy_columns_t=sql.SQL("")).as_string(conn)
+from pgtask.scheduler import render_query
 
 
 def explain(db, name, params):
-    text = claim_query(db.conn, name)
+    text = render_query(name, "public", "task")
     with db.conn.cursor() as cur:
         cur.execute("SET enable_bitmapscan = off")  # as on the scheduler's control connection
         cur.execute(psycopg.sql.SQL("EXPLAIN ") + psycopg.sql.SQL(text), params)
