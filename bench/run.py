@@ -10,8 +10,9 @@ How each figure is taken (all on the same cluster: synchronous_commit = on, fsyn
 throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (default 3): this kind of
 machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
-- pgtask throughput: `pgtask run` is started as a subprocess on a fresh database and is ready and
-  idle; then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
+- pgtask throughput (and, with no goal, 1,000 `SELECT 1` in 1,000 groups, a task each: a burst in
+  many groups): `pgtask run` is started as a subprocess on a fresh database and is ready and idle;
+  then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
   Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
   run, minus the benchmark's waiting connection), and for 16 groups the bound the server's share
@@ -259,6 +260,8 @@ class Bench:
             self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
             self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
             self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
+        # no goal: a burst in many groups, a task each (the sessions opened a few at a time serve it)
+        self.tasks("g1000", "pgtask SELECT 1: 1,000 groups, a task each", 1000, 1000, 0, TRIVIAL)
 
     # -- peers ---------------------------------------------------------------------------------
     def peers(self) -> None:

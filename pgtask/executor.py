@@ -12,6 +12,7 @@ How a task takes its author's role (``[pgtask] execute_as``):
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import re
@@ -30,6 +31,8 @@ from .output import Format, Output, format_error, reason, simple_error
 from .provision import function_name
 
 log = logging.getLogger("pgtask.executor")
+
+_SLOT = object()  # SessionPool: a connection slot handed to a waiting task
 
 
 @dataclass
@@ -185,24 +188,38 @@ class SessionPool:
     IDLE_TRIM seconds, so a burst of more tasks at once than that reuses its sessions instead of
     opening a backend per task (about 4 ms of server CPU each), and a burst's sessions do not
     stay open for long after it.
+
+    At most ``connecting`` sessions are being opened at once. A task that finds no idle session
+    waits, first come first served, for whichever comes first: a session of its role put back by
+    a task that ended, or a free connection slot. A burst of short tasks in many groups then runs
+    on the sessions that end meanwhile instead of starting a backend for every task (a thousand
+    `SELECT 1` in a thousand groups: a few dozen backends, not a thousand); long tasks each still
+    get a session of their own, opened as fast as the server starts backends anyway.
     """
 
     IDLE_TRIM = 10.0
 
-    def __init__(self, base_conninfo: str, service_user: str, mode: str, idle_per_user: int = 32):
+    def __init__(self, base_conninfo: str, service_user: str, mode: str, idle_per_user: int = 32,
+                 connecting: int = 4):
         self.base, self.service_user, self.mode = base_conninfo, service_user, mode
+        self.connecting_max = connecting
         self.idle: dict[str, list[Session]] = {}
         self.idle_per_user = idle_per_user
         self.no_login: set[str] = set()
         self.chores: set[asyncio.Task] = set()  # resets of idle sessions, closes of trimmed ones
         self.trim: asyncio.TimerHandle | None = None
         self.base_options = conninfo_to_dict(base_conninfo).get("options")
+        self.connecting = 0  # sessions being opened now (at most connecting_max)
+        # tasks waiting for a session: (role, future); the future gets a session of that role put
+        # back, or _SLOT (a connection slot handed over: open one)
+        self.waiting: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
 
     async def get(self, user: str, settings: tuple[tuple[str, str], ...] = ()) -> Session:
         """An idle session of ``user`` -- one opened with these ``settings`` if there is one (see
         group_settings), else the most recently used -- or a new one opened with them: settings
         given at connection start are the session's own, which its reset restores, so a task
-        whose settings they are needs no set_config for them."""
+        whose settings they are needs no set_config for them. Waits while ``connecting``
+        sessions are being opened (see the class)."""
         pool = self.idle.get(user)
         while pool:
             i = next((i for i in range(len(pool) - 1, -1, -1) if pool[i].settings == settings), -1)
@@ -210,6 +227,45 @@ class SessionPool:
             if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 return session
             await session.conn.close()
+        if self.connecting >= self.connecting_max or self.waiting:
+            got = await self._wait(user)
+            if got is not _SLOT:
+                return got
+        else:
+            self.connecting += 1
+        try:
+            return await self._open(user, settings)
+        finally:
+            self._free_slot()
+
+    async def _wait(self, user: str) -> Session | object:
+        """In line for a session of ``user`` put back or a connection slot (see the class)."""
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (user, waiter)
+        self.waiting.append(entry)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+            elif not waiter.cancelled():  # handed something just before the cancel
+                got = waiter.result()
+                if got is _SLOT:
+                    self._free_slot()
+                else:
+                    await self.put(got)
+            raise
+
+    def _free_slot(self) -> None:
+        """A connection slot is free: hand it to the first task waiting, else give it back."""
+        while self.waiting:
+            _, waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(_SLOT)
+                return
+        self.connecting -= 1
+
+    async def _open(self, user: str, settings: tuple[tuple[str, str], ...]) -> Session:
         use_login = self.mode == "login" or (self.mode == "auto" and user not in self.no_login)
         if use_login or user == self.service_user:
             try:
@@ -233,6 +289,12 @@ class SessionPool:
     async def put(self, session: Session) -> None:
         if session.conn.closed:
             return
+        for entry in self.waiting:
+            if entry[0] == session.user and not entry[1].done():
+                # a task waiting for a session of this role takes it (its preamble resets it)
+                self.waiting.remove(entry)
+                entry[1].set_result(session)
+                return
         loop = asyncio.get_running_loop()
         session.idle_since = loop.time()
         pool = self.idle.setdefault(session.user, [])

@@ -106,6 +106,7 @@ class Options:
     output_limit: int
     execute_as: str
     grace: float
+    connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
     maintenance: dict[str, Any] = field(default_factory=dict)  # config.MAINTENANCE_KEYS
 
 
@@ -156,7 +157,8 @@ class Scheduler:
         self.control: psycopg.AsyncConnection | None = None
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
-        self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as)
+        self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
+                                    connecting=options.connecting)
         self.ready = asyncio.Event()
         self.last_expiry = 0.0
         # connection -> {statement name: what it was prepared for}: see _prepared

@@ -202,6 +202,7 @@ class Supervisor:
         return Options(sleep=entry.sleep / 1000.0, run=entry.run, limit=int(values["pg_task.limit"]),
                        reset_check=reset_check, output_limit=self.cfg.svc("output_limit"),
                        execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"),
+                       connecting=self.cfg.svc("connecting"),
                        maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS})
 
     async def apply(self) -> None:

@@ -1,19 +1,24 @@
 """The executor session pool: sessions of a role are reused across bursts larger than the idle
-cap, and the idle ones beyond it are closed once they have been idle a while."""
+cap, the idle ones beyond it are closed once they have been idle a while, and only a few are
+being opened at once (a burst of short tasks runs on the sessions that end meanwhile)."""
 
 import asyncio
 
+import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 from support import wait_for
 
+from pgtask.config import ConfigError, from_dict
 from pgtask.executor import RESET_SESSION, SessionPool, group_settings
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
     """40 tasks at once (the pool keeps 32 idle sessions a role without a time limit): the next
-    burst runs on the same 40 backends, none is opened again."""
+    burst runs on the same 40 backends, none is opened again. (Each task sleeps long enough for
+    all 40 sessions to be opened, four at a time, before the first ends.)"""
     def burst() -> set[int]:
-        ids = [db.insert("SELECT pg_backend_pid(), pg_sleep(0.2)", group=f"g{i}", header=False) for i in range(40)]
+        ids = [db.insert("SELECT pg_backend_pid(), pg_sleep(1)", group=f"g{i}", header=False) for i in range(40)]
         return {int(db.wait_state(i)["output"].split("\t")[0]) for i in ids}
 
     first = burst()
@@ -57,3 +62,113 @@ def test_a_session_opens_with_its_settings_after_the_services_own_options():
     assert info["application_name"] == "pg_task public task it's a \\ g"
     assert info["options"] == ("-c work_mem=7MB -c pg_task.group=it's\\ a\\ \\\\\\ g "
                                "-c pg_task.schema=public -c pg_task.table=task -c pg_task.oid=5")
+
+
+def test_a_burst_of_short_tasks_in_many_groups_runs_on_few_backends(db, service):
+    """200 trivial tasks in 200 groups, claimed at once: they run on the sessions that end while
+    the first few are being opened, not on a backend each."""
+    db.execute("INSERT INTO task (\"group\", input) SELECT 'g' || i, 'SELECT 1' FROM generate_series(1, 200) i")
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") == 200,
+             message="the 200 tasks to finish")
+    assert db.value("SELECT count(*) FROM task WHERE state <> 'DONE'") == 0
+    backends = db.value("SELECT count(DISTINCT pid) FROM task")
+    assert backends <= 100, f"{backends} backends for 200 short tasks"
+
+
+def test_tasks_that_wait_for_each_other_each_get_a_session(db, service):
+    """Opening few sessions at a time never caps how many run at once: 12 tasks in 12 groups that
+    only end once all 12 are running (each holds a shared advisory lock and waits for the other
+    11's) all end DONE, on 12 backends."""
+    barrier = """DO $$ BEGIN
+        PERFORM pg_advisory_lock_shared(4242);
+        WHILE (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND granted) < 12 LOOP
+            PERFORM pg_sleep(0.01);
+        END LOOP;
+    END $$; SELECT pg_backend_pid()"""
+    db.execute("INSERT INTO task (\"group\", input, timeout, header) "
+               "SELECT 'g' || i, %s, '30 s', false FROM generate_series(1, 12) i", (barrier,))
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL')") == 12,
+             timeout=40, message="the 12 tasks to finish")
+    assert db.execute("SELECT state, error FROM task WHERE state <> 'DONE'") == []
+    assert db.value("SELECT count(DISTINCT output) FROM task") == 12
+
+
+def test_sessions_are_opened_a_few_at_a_time_and_the_waiting_take_those_put_back(db, monkeypatch):
+    """connecting = 2: six sessions wanted at once are opened two at a time; with connecting = 1,
+    a task waiting behind a slow connect takes a session put back meanwhile, a waiter that is
+    cancelled leaves no trace, and the slot is free again after the slow connect."""
+    user = db.value("SELECT current_user")
+    real = psycopg.AsyncConnection.connect
+    opening = peak = 0
+    gate = asyncio.Event()
+
+    async def connect(*args, **kwargs):
+        nonlocal opening, peak
+        opening += 1
+        peak = max(peak, opening)
+        try:
+            await gate.wait()
+            return await real(*args, **kwargs)
+        finally:
+            opening -= 1
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", connect)
+
+    async def until(predicate, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not predicate():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.01)
+
+    async def few_at_a_time() -> None:
+        gate.set()
+        pool = SessionPool(db.dsn, user, "login", connecting=2)
+        sessions = []
+        try:
+            sessions = await asyncio.gather(*(pool.get(user) for _ in range(6)))
+            assert len({s.pid for s in sessions}) == 6
+            assert peak == 2
+            assert (pool.connecting, len(pool.waiting)) == (0, 0)
+        finally:
+            for s in sessions:
+                await s.conn.close()
+            await pool.close()
+
+    async def handed_over() -> None:
+        pool = SessionPool(db.dsn, user, "login", connecting=1)
+        try:
+            first = await pool.get(user)
+            gate.clear()
+            slow = asyncio.create_task(pool.get(user))  # takes the one slot; its connect is held
+            await until(lambda: opening == 1, "the slow connect to start")
+            waiting = asyncio.create_task(pool.get(user))
+            await until(lambda: len(pool.waiting) == 1, "the second get to wait")
+            await pool.put(first)
+            assert (await waiting) is first  # handed over, while the slow connect still runs
+            assert not slow.done()
+            cancelled = asyncio.create_task(pool.get(user))
+            await until(lambda: len(pool.waiting) == 1, "the third get to wait")
+            cancelled.cancel()
+            await asyncio.gather(cancelled, return_exceptions=True)
+            assert len(pool.waiting) == 0
+            gate.set()
+            second = await slow
+            assert second.pid != first.pid
+            assert pool.connecting == 0
+            third = await asyncio.wait_for(pool.get(user), 10)  # the slot is free: opened at once
+            assert third.pid not in (first.pid, second.pid)
+            for s in (first, second, third):
+                await s.conn.close()
+        finally:
+            await pool.close()
+
+    asyncio.run(few_at_a_time())
+    asyncio.run(handed_over())
+
+
+@pytest.mark.parametrize(("value", "message"), [(0, "must be >= 1, got 0"), ("4", "expected int, got '4'")])
+def test_a_wrong_connecting_is_refused_naming_the_key(value, message):
+    with pytest.raises(ConfigError, match=f"^pgtask.connecting: {message}$"):
+        from_dict({"pgtask": {"connecting": value}})
+    assert from_dict({"pgtask": {"connecting": 2}}).svc("connecting") == 2
+    assert from_dict({}).svc("connecting") == 4
