@@ -165,8 +165,7 @@ class Scheduler:
         self.prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.pass_plans = 0  # the claim pass's statements are prepared for this; see claim_pass
         self.pass_planned_at = 0.0
-        self.pass_replan = False
-        self.pass_idle = True  # the last pass claimed nothing and nothing ran (see _analyze_if_stale)
+        self.pass_idle = self.pass_replan = False
         self.pass_loader: Transformer | None = None
         self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
@@ -333,8 +332,6 @@ class Scheduler:
             # found nothing: a prepared statement keeps its generic plan until the table is next
             # analyzed, and one planned on an empty queue can be poor for the burst that follows
             # ("next" had one that read every due row, 1 ms a pass).
-            if self.pass_idle:
-                await self._analyze_if_stale()
             if self.pass_replan or time.monotonic() - self.pass_planned_at >= self.options.reset_check:
                 self.pass_plans, self.pass_planned_at, self.pass_replan = self.pass_plans + 1, time.monotonic(), False
             for name, params in PASS_STATEMENTS:
@@ -398,26 +395,6 @@ class Scheduler:
         for _, session in offers.values():  # offered, not taken: idle (the finish is written)
             await self.sessions.put(session)
         return len(rows), next_in, bool(blocked) and room > len(rows)
-
-    async def _analyze_if_stale(self) -> None:
-        """Before the first pass of a burst (the one after a pass that found the queue idle): if the
-        table has no planner statistics, or has more than doubled since its last ANALYZE or VACUUM,
-        and the service may, ANALYZE it now -- what autovacuum would do within its naptime -- so
-        the claim is planned for the rows that are there (see "stale" in queries.sql). One query a
-        burst (and a poll while idle); SKIP_LOCKED: a table autovacuum is busy with is left alone."""
-        try:
-            cur = await self.control.execute(self.q("stale"), {"oid": self.oid})
-            row = await cur.fetchone()
-            if row is not None and next(iter(row.values())):
-                t = time.monotonic()
-                await self.control.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(
-                    sql.Identifier(self.entry.schema, self.entry.table)))
-                log.info("%s: analyzed the table (its statistics were missing or stale) in %.0f ms",
-                         self.entry.label(), (time.monotonic() - t) * 1000)
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as exc:  # e.g. cancelled by statement_timeout: the claim goes on
-            log.warning("%s: could not analyze the table: %s", self.entry.label(), reason(exc))
 
     def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
         """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to

@@ -168,15 +168,6 @@ WITH s AS (
 UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
 FROM s WHERE t."id" = s."id" RETURNING t."id"
 
--- stale --
--- Whether the table's planner statistics are missing or far behind it (never analyzed, or the
--- table more than doubled since its last ANALYZE or VACUUM), and this session may ANALYZE it. A
--- claim planned without statistics can pick the plan index for every group's walk and read every
--- due row once per group (a burst of 1,000 tasks in 1,000 groups: 1,000,000 rows, 0.3 s a pass).
-SELECT c."reltuples" < 0
-       OR pg_relation_size(c."oid") > 2 * c."relpages"::bigint * current_setting('block_size')::bigint + 65536
-FROM pg_class c WHERE c."oid" = %(oid)s::oid AND pg_has_role(c."relowner", 'USAGE')
-
 -- next --
 -- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
