@@ -289,7 +289,8 @@ class SessionPool:
     async def put(self, session: Session) -> None:
         if session.conn.closed:
             return
-        for entry in self.waiting:
+        idle = session.pgconn.transaction_status == pq.TransactionStatus.IDLE  # else get() drops it
+        for entry in self.waiting if idle else ():
             if entry[0] == session.user and not entry[1].done():
                 # a task waiting for a session of this role takes it (its preamble resets it)
                 self.waiting.remove(entry)
