@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal as signals
@@ -32,6 +33,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: f
         return wait_until(predicate, timeout, message, interval)
     except TimeoutError as exc:
         raise AssertionError(str(exc)) from None
+
+
+async def wait_for_async(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.01,
+                         message: str = "condition") -> object:
+    """wait_for inside an event loop: between tries the loop runs (the code under test with it)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (result := predicate()):
+        assert loop.time() < deadline, f"timed out after {timeout:g}s waiting for {message}"
+        await asyncio.sleep(interval)
+    return result
 
 
 def race(n: int, work: Callable[[Callable[[], object]], object]) -> tuple[list, list]:

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import psycopg
-from support import Service, _free_port, wait_for
+from support import Service, _free_port, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
@@ -275,11 +275,10 @@ def test_a_cancel_that_arrives_late_does_not_reach_the_next_task(db, monkeypatch
     following = db.insert("SELECT pg_sleep(1)", group="g")
 
     async def during(sched: Scheduler) -> None:
-        while (entry := sched.inflight.get(first)) is None or entry[1] is None:  # running on its session
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: (entry := sched.inflight.get(first)) is not None and entry[1] is not None,
+                             message="the first task to run on its session")
         cancel = asyncio.create_task(sched.cancel(first))
-        while db.task(following)["state"] != "WORK":
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: db.task(following)["state"] == "WORK", message="the next task to be WORK")
         assert db.task(first)["state"] == "DONE"
         deliver.set()
         await cancel

@@ -9,7 +9,7 @@ import asyncio
 
 import psycopg
 import pytest
-from support import wait_for
+from support import wait_for, wait_for_async
 
 from pgtask import executor, wire
 from pgtask.executor import NotStarted, SessionPool, Task, run_input
@@ -252,13 +252,9 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
 
                 running = asyncio.ensure_future(run_input(session, task, "public", "task", oid, 1 << 20,
                                                           start_work=start_work))
-                for _ in range(500):  # a poll with a 5 s deadline; each turn lets the task under test run
-                    await asyncio.sleep(0.01)
-                    if watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                       (session.pid,)).fetchone()[0] == "Lock":
-                        break
-                else:
-                    raise AssertionError("the one-trip preamble never waited for the row lock")
+                await wait_for_async(lambda: watcher.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (session.pid,)).fetchone()[0] == "Lock",
+                    timeout=5, message="the one-trip preamble to wait for the row lock")
                 await session.conn.cancel_safe()
                 blocker.execute("ROLLBACK")
                 released.set()

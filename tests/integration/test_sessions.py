@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from support import wait_for
+from support import wait_for, wait_for_async
 
 from pgtask.config import ConfigError, from_dict
 from pgtask.executor import RESET_SESSION, SessionPool, group_settings
@@ -41,10 +41,8 @@ def test_idle_sessions_beyond_the_cap_are_closed_after_a_while(db, monkeypatch):
             for s in sessions:
                 await pool.put(s)
             assert len(pool.idle[user]) == 5  # all kept for now
-            deadline = asyncio.get_running_loop().time() + 10
-            while len(pool.idle[user]) > 2:
-                assert asyncio.get_running_loop().time() < deadline, "idle sessions beyond the cap not closed"
-                await asyncio.sleep(0.05)
+            await wait_for_async(lambda: len(pool.idle[user]) <= 2, interval=0.05,
+                                 message="the idle sessions beyond the cap to be closed")
             return [s.pid for s in sessions], [s.pid for s in pool.idle[user]]
         finally:
             await pool.close()
@@ -114,12 +112,6 @@ def test_sessions_are_opened_a_few_at_a_time_and_the_waiting_take_those_put_back
 
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", connect)
 
-    async def until(predicate, what: str) -> None:
-        deadline = asyncio.get_running_loop().time() + 10
-        while not predicate():
-            assert asyncio.get_running_loop().time() < deadline, what
-            await asyncio.sleep(0.01)
-
     async def few_at_a_time() -> None:
         gate.set()
         pool = SessionPool(db.dsn, user, "login", connecting=2)
@@ -140,14 +132,14 @@ def test_sessions_are_opened_a_few_at_a_time_and_the_waiting_take_those_put_back
             first = await pool.get(user)
             gate.clear()
             slow = asyncio.create_task(pool.get(user))  # takes the one slot; its connect is held
-            await until(lambda: opening == 1, "the slow connect to start")
+            await wait_for_async(lambda: opening == 1, message="the slow connect to start")
             waiting = asyncio.create_task(pool.get(user))
-            await until(lambda: len(pool.waiting) == 1, "the second get to wait")
+            await wait_for_async(lambda: len(pool.waiting) == 1, message="the second get to wait")
             await pool.put(first)
             assert (await waiting) is first  # handed over, while the slow connect still runs
             assert not slow.done()
             cancelled = asyncio.create_task(pool.get(user))
-            await until(lambda: len(pool.waiting) == 1, "the third get to wait")
+            await wait_for_async(lambda: len(pool.waiting) == 1, message="the third get to wait")
             cancelled.cancel()
             await asyncio.gather(cancelled, return_exceptions=True)
             assert len(pool.waiting) == 0
