@@ -11,7 +11,8 @@ throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (defau
 machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
 - pgtask throughput (and, with no goal, 1,000 `SELECT 1` in 1,000 groups, a task each: a burst in
-  many groups): `pgtask run` is started as a subprocess on a fresh database and is ready and idle;
+  many groups): `pgtask run` with `[pgtask] processes` = the machine's CPUs (and once more, for 16
+  groups, with one process) is started as a subprocess on a fresh database and is ready and idle;
   then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
   Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
@@ -19,7 +20,10 @@ machine drifts by 10-20 % from minute to minute.
   sets: the rate if the service used no CPU (CPUs / server CPU per task).
 - peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
   this process, started and idle; all jobs are enqueued in one batch call; wall time until every
-  job is finished. Concurrency 16; the job body runs the same SQL on a 16-connection pool.
+  job is finished. Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
+  also in as many processes as pgtask uses (spawned, each with its 16-connection pool; pgqueuer's
+  concurrency_limit is fleet-wide, so 16 jobs at once in all): the better of all peer figures is
+  what the goal compares with.
 - pickup: an idle service; one INSERT every 20 ms; latency = start - plan (database times).
 - claim: the scheduler's claim transaction (claim_lock + claim + next) with one due row, median
   of 200, with 1,000 and then 1,000,000 rows planned a year ahead.
@@ -36,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
+import multiprocessing
 import os
 import platform
 import re
@@ -56,6 +62,9 @@ from pgtask.cluster import Cluster, debian_bindir
 from pgtask.scheduler import render_query
 
 ROOT = Path(__file__).resolve().parent.parent
+# pgtask's throughput runs use [pgtask] processes = the CPUs (one more 16-group run with one process);
+# pgqueuer runs both ways too (one process, concurrency 16; PROCESSES processes sharing the 16)
+PROCESSES = os.cpu_count() or 1
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
 
@@ -78,6 +87,12 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of a process and of its live children (the service's worker processes)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return cpu_seconds(pid) + sum(cpu_seconds(int(c)) for c in children)
+
+
 def running_seconds(pid: int) -> float:
     """CPU time a live process has run so far (the scheduler's own count, in ns; no children)."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
@@ -90,6 +105,33 @@ class Run(NamedTuple):
     hwm: float     # MB: the service's VmHWM
     cpu: float     # s: the service process
     server: float  # s: every PostgreSQL process (backends, autovacuum, WAL writer) but the bench's own
+
+
+async def _pgqueuer_worker(url: str, body: str, stopped, concurrency: int = 16) -> None:
+    """A pgqueuer worker running ``body`` on a pool of ``concurrency`` connections until ``stopped()``.
+    Its concurrency_limit is the fleet's (pgqueuer counts it in the database): 16 in all however
+    many processes run it."""
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
+
+    pool = await asyncpg.create_pool(url, min_size=concurrency, max_size=concurrency)
+    worker_conn = await asyncpg.connect(url)
+    qm = QueueManager(Queries(AsyncpgDriver(worker_conn)))
+
+    @qm.entrypoint("job", concurrency_limit=concurrency)
+    async def job(_job) -> None:
+        await pool.execute(body)
+
+    worker = asyncio.create_task(qm.run(batch_size=10))
+    while not stopped():
+        await asyncio.sleep(0.05)
+    qm.shutdown.set()
+    await asyncio.wait_for(worker, 30)
+    await pool.close()
+
+
+def _pgqueuer_process(url: str, body: str, stop) -> None:
+    asyncio.run(_pgqueuer_worker(url, body, stop.is_set))
 
 
 class Bench:
@@ -159,7 +201,8 @@ class Bench:
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.base)
         deadline = time.monotonic() + 60
         logfile = self.base / f"{dbname}.log"
-        while "pgtask running" not in logfile.read_text(errors="replace"):
+        wanted = int(m.group(1)) if (m := re.search(r"processes = (\d+)", extra)) else 1
+        while logfile.read_text(errors="replace").count("pgtask running") < wanted:  # every process
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"pgtask run did not start:\n{logfile.read_text()}")
             time.sleep(0.05)
@@ -199,11 +242,11 @@ class Bench:
         spread = f"median of {len(rates)}: " + ", ".join(f"{r:,.0f}" for r in rates) if len(rates) > 1 else ""
         self.record(key, what, mid, unit, " ".join(x for x in (note, spread) if x))
 
-    def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str) -> None:
+    def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str, processes: int = 1) -> None:
         server = []
 
         def measure() -> tuple[float, str]:
-            run = self.run_tasks(n, groups, max_, body)
+            run = self.run_tasks(n, groups, max_, body, processes=processes)
             server.append(run.server / n * 1e6)
             return n / run.wall, (f"(service CPU {run.cpu / run.wall:.0%} of one core, "
                                   f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task)")
@@ -214,15 +257,16 @@ class Bench:
         """CPU of the postmaster and of every child it has reaped (backends that ended, autovacuum)."""
         return cpu_seconds(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
 
-    def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None) -> Run:
+    def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None,
+                  processes: int = 1) -> Run:
         """n tasks inserted at once into a fresh database with its own service; see Run."""
         db = self.database()
         server0, children = self.postmaster_seconds(), self.postmaster_children()
-        proc = self.service(db)
+        proc = self.service(db, f"processes = {processes}\n")
         try:
             with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
                 remote_value = remote.replace("DB", db) if remote else None
-                cpu0 = cpu_seconds(proc.pid)
+                cpu0 = tree_cpu_seconds(proc.pid)
                 t0 = conn.execute(
                     'INSERT INTO task ("group", "max", "input", "remote") '
                     "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
@@ -235,7 +279,7 @@ class Bench:
                     err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
                     print(f"  !! {fails} tasks not DONE, e.g. {err}")
                 own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
-            cpu = cpu_seconds(proc.pid) - cpu0
+            cpu = tree_cpu_seconds(proc.pid) - cpu0
             hwm = proc_status(proc.pid, "VmHWM")
         finally:
             self.stop(proc)
@@ -255,51 +299,69 @@ class Bench:
             time.sleep(0.05)
 
     def pgtask(self) -> None:
+        p = f"{PROCESSES} processes" if PROCESSES > 1 else "1 process"
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
-            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
-            self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
-            self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
+            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0), {p}", self.n(6000), 16, 0, body,
+                       PROCESSES)
+            if body == TRIVIAL and PROCESSES > 1:
+                self.tasks("g16_1p", f"pgtask {label}: 16 groups (max 0), 1 process", self.n(6000), 16, 0, body)
+            self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group, {p}", self.n(2000), 1, 0, body,
+                       PROCESSES)
+            self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15, {p}", self.n(6000), 1, 15, body,
+                       PROCESSES)
         # no goal: a burst in many groups, a task each (the sessions opened a few at a time serve it)
-        self.tasks("g1000", "pgtask SELECT 1: 1,000 groups, a task each", 1000, 1000, 0, TRIVIAL)
+        self.tasks("g1000", f"pgtask SELECT 1: 1,000 groups, a task each, {p}", 1000, 1000, 0, TRIVIAL,
+                   PROCESSES)
 
     # -- peers ---------------------------------------------------------------------------------
     def peers(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
             n = self.n(4000)
-            for key, what, run in (("pgqueuer", "pgqueuer (asyncpg)", self._pgqueuer),
-                                   ("procrastinate", "procrastinate (psycopg)", self._procrastinate)):
-                self.repeated(f"{key}{suffix}", f"{what} {label}: concurrency 16", "jobs/s",
+            runs = [("pgqueuer", "pgqueuer (asyncpg)", "concurrency 16", self._pgqueuer)]
+            if PROCESSES > 1:
+                runs.append(("pgqueuer_mp", "pgqueuer (asyncpg)", f"{PROCESSES} processes, concurrency 16 in all",
+                             functools.partial(self._pgqueuer, processes=PROCESSES)))
+            runs.append(("procrastinate", "procrastinate (psycopg)", "concurrency 16", self._procrastinate))
+            for key, what, how, run in runs:
+                self.repeated(f"{key}{suffix}", f"{what} {label}: {how}", "jobs/s",
                               lambda run=run, n=n, body=body: (
                                   n / asyncio.run(run(self.cluster.conninfo(self.database()), n, body)), ""))
 
-    async def _pgqueuer(self, dsn: str, n: int, body: str) -> float:
+    async def _pgqueuer(self, dsn: str, n: int, body: str, processes: int = 1) -> float:
+        """pgqueuer's wall time for n jobs: its worker in this process (concurrency 16), or in
+        ``processes`` processes sharing the 16 (as a user scales it out on one host; each has a
+        pool of 16 connections, the fleet-wide concurrency_limit keeps 16 jobs at once in all)."""
         import asyncpg
-        from pgqueuer import AsyncpgDriver, Queries, QueueManager
+        from pgqueuer import AsyncpgDriver, Queries
 
         url = f"postgresql://postgres@/{psycopg.conninfo.conninfo_to_dict(dsn)['dbname']}" \
               f"?host={self.cluster.socket_dir}&port={self.cluster.port}"
         setup = await asyncpg.connect(url)
         await Queries(AsyncpgDriver(setup)).install()
-        pool = await asyncpg.create_pool(url, min_size=16, max_size=16)
-        worker_conn = await asyncpg.connect(url)
-        qm = QueueManager(Queries(AsyncpgDriver(worker_conn)))
-
-        @qm.entrypoint("job", concurrency_limit=16)
-        async def job(_job) -> None:
-            await pool.execute(body)
-
-        worker = asyncio.create_task(qm.run(batch_size=10))
-        await asyncio.sleep(1.0)
+        if processes == 1:
+            stop = asyncio.Event()
+            workers = [asyncio.create_task(_pgqueuer_worker(url, body, stop.is_set))]
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            stop = ctx.Event()
+            workers = [ctx.Process(target=_pgqueuer_process, args=(url, body, stop))
+                       for _ in range(processes)]
+            for w in workers:
+                w.start()
+        await asyncio.sleep(1.0 if processes == 1 else 3.0)  # started and idle
         t0 = time.monotonic()
         await Queries(AsyncpgDriver(setup)).enqueue(["job"] * n, [None] * n, [0] * n)
         while await setup.fetchval("SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"):
             await asyncio.sleep(0.05)
         wall = time.monotonic() - t0
-        qm.shutdown.set()
-        await asyncio.wait_for(worker, 30)
-        await pool.close()
+        stop.set()
+        if processes == 1:
+            await asyncio.wait_for(workers[0], 30)
+        else:
+            for w in workers:
+                await asyncio.to_thread(w.join, 30)
         await setup.close()
         return wall
 
@@ -452,9 +514,13 @@ class Bench:
         if "g16" in f and "pgbench_N" in f:
             r = f["g16"] / f["pgbench_N"]
             add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
-        peer = max(f.get("pgqueuer", 0), f.get("procrastinate", 0))
+        peer = max(f.get("pgqueuer", 0), f.get("pgqueuer_mp", 0), f.get("procrastinate", 0))
         if "g16" in f and peer:
             add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
+        if "g16_1p" in f and "pgbench_N" in f:
+            info("  the same with 1 process / pgbench -N", f["g16_1p"] / f["pgbench_N"], "(for comparison)")
+        if "g16_1p" in f and peer:
+            info("  the same with 1 process / better peer", f["g16_1p"] / peer, "(for comparison)")
         if "g16_server_us" in f:
             # What the server's share alone allows: the figure if the service cost no CPU at all.
             ceiling = (os.cpu_count() or 1) / (f["g16_server_us"] / 1e6)
@@ -464,7 +530,7 @@ class Bench:
                 info("  that bound / pgbench -N", ceiling / f["pgbench_N"], "(the goal needs 0.50 of the real figure)")
             if peer:
                 info("  that bound / better peer", ceiling / peer, "(the goal needs 1.50 of the real figure)")
-        peer_w = max(f.get("pgqueuer_w", 0), f.get("procrastinate_w", 0))
+        peer_w = max(f.get("pgqueuer_w", 0), f.get("pgqueuer_mp_w", 0), f.get("procrastinate_w", 0))
         if "g16_w" in f and peer_w:
             add("16-group row-writing / better peer", f["g16_w"] / peer_w, "(no goal)", True)
         if "serial" in f:

@@ -17,7 +17,7 @@ except ImportError:  # not on this platform (Windows): the standard loop does th
 
 from . import __version__
 from . import config as cfgmod
-from .supervisor import Supervisor, base_conninfo, provision_entries, resolve
+from .supervisor import Supervisor, base_conninfo, provision_entries, resolve, worker_from_env
 
 STATUS_SQL = """
 SELECT "group", count(*) FILTER (WHERE state = 'PLAN' AND plan <= now()) AS due,
@@ -31,8 +31,10 @@ FROM {table} GROUP BY ROLLUP ("group") ORDER BY "group" NULLS LAST
 
 
 def _setup_logging(level: str) -> None:
+    worker = worker_from_env()  # a worker process's lines say which it is
+    where = f" [worker {worker[0]}/{worker[1]}]" if worker else ""
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
 
 
 def cmd_run(args: argparse.Namespace, cfg: cfgmod.Config) -> int:

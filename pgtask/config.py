@@ -75,6 +75,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "execute_as": (str, "auto"),     # auto | login | set_role: how a local task takes its author's role
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)
     "connecting": (int, 4),          # executor sessions being opened at once per scheduler, at most
+    "processes": (int, 1),           # service processes claiming and running tasks (supervisor.Workers)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)
     "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
     "schedule_batch": (int, 100),        # schedules per pass
@@ -223,8 +224,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                     v = float(v)
                 if not isinstance(v, want) or isinstance(v, bool):
                     raise ConfigError(f"pgtask.{key}: expected {want.__name__}, got {v!r}")
-                if key == "connecting" and v < 1:
-                    raise ConfigError(f"pgtask.connecting: must be >= 1, got {v!r}")
+                if key in ("connecting", "processes") and v < 1:
+                    raise ConfigError(f"pgtask.{key}: must be >= 1, got {v!r}")
                 if key == "execute_as" and v not in ("auto", "login", "set_role"):
                     raise ConfigError(f"pgtask.execute_as: expected 'auto', 'login' or 'set_role', got {v!r}")
                 cfg.service[key] = v

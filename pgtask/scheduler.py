@@ -107,7 +107,8 @@ class Options:
     execute_as: str
     grace: float
     connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
-    maintenance: dict[str, Any] = field(default_factory=dict)  # config.MAINTENANCE_KEYS
+    # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
+    maintenance: dict[str, Any] | None = field(default_factory=dict)
 
 
 def with_liveness(conninfo: str) -> str:
@@ -176,8 +177,9 @@ class Scheduler:
         self.pending_plain = True  # every pending write is one a claim pass may write (_plain)
         # task id -> its session, idle, while the task's finish waits to be written (see _offers)
         self.finishing: dict[int, Session] = {}
-        self.maintenance = Maintenance(self.conninfo, entry.schema, entry.table,
-                                       MaintenanceOptions.from_service(options.maintenance), entry.label())
+        self.maintenance = None if options.maintenance is None else Maintenance(
+            self.conninfo, entry.schema, entry.table, MaintenanceOptions.from_service(options.maintenance),
+            entry.label())
 
     # -- queries -------------------------------------------------------------------------------
     def q(self, name: str) -> str:
@@ -252,7 +254,8 @@ class Scheduler:
         await self.start()
         listener = asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")
         # schedules, retention, key expiry: their own connection and timers, never in the claim path
-        maintenance = asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}")
+        maintenance = asyncio.create_task(self.maintenance.run() if self.maintenance else asyncio.sleep(0),
+                                          name=f"maintenance {self.entry.label()}")
         self.ready.set()
         last_reset = time.monotonic()
         try:
@@ -830,7 +833,7 @@ class Scheduler:
                     async for note in conn.notifies():
                         if note.payload.startswith("stop "):
                             await self.cancel(int(note.payload[5:]))
-                        elif note.payload == "schedule":
+                        elif note.payload == "schedule" and self.maintenance is not None:
                             self.maintenance.poke()
                         self.wake.set()
             except psycopg.OperationalError as exc:

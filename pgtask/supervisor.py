@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,26 @@ from .scheduler import Options, Scheduler
 log = logging.getLogger("pgtask.supervisor")
 
 ENTRY_SETTINGS = ("reset", "run", "schema", "table", "sleep", "spi")
+
+# A worker process of the service (see Workers) is told which it is ("i/n") and where the server is.
+WORKER_ENV = "PGTASK_WORKER"
+WORKER_DSN_ENV = "PGTASK_WORKER_DSN"
+
+
+def worker_from_env() -> tuple[int, int] | None:
+    """(i, n) if this process is worker i of the service's n processes, else None (the first)."""
+    raw = os.environ.get(WORKER_ENV)
+    if not raw:
+        return None
+    index, _, count = raw.partition("/")
+    return int(index), int(count)
+
+
+def run_share(run: int, index: int, count: int) -> int:
+    """Process ``index`` of ``count``'s part of an entry's pg_task.run: the parts add up to ``run``
+    (the first processes take the remainder), so the service as a whole keeps the manual's limit.
+    A process whose part is 0 runs no scheduler for the entry."""
+    return run // count + (1 if index < run % count else 0)
 
 
 @dataclass
@@ -188,6 +210,74 @@ def dump_tasks() -> None:
         log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
+class Workers:
+    """The service's other processes (``pgtask.processes`` - 1), kept by its first one.
+
+    Each is a ``pgtask run`` of its own on the same configuration and server, told by its
+    environment which it is (WORKER_ENV, "i/n") and where the server is (WORKER_DSN_ENV: an embedded
+    cluster is the first process's). They claim from the same tables as any two instances do (the
+    claim lock, SKIP LOCKED, group counts in the database), each with its part of pg_task.run
+    (run_share); the first process alone provisions and runs the maintenance. A worker reads its
+    stdin, a pipe from the first process: when that process is gone, it drains and stops. One that
+    exits on its own is started again after pg_work.restart seconds.
+    """
+
+    def __init__(self, config_path: str | None, conninfo: str):
+        self.config_path, self.conninfo = config_path, conninfo
+        self.count = 1
+        self.restart_after = 60.0
+        self.keepers: dict[int, asyncio.Task] = {}
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+
+    async def resize(self, count: int, grace: float) -> None:
+        """``count`` processes in all from now on: the workers are started again if that changed."""
+        if count == self.count:
+            return
+        if self.keepers:
+            log.info("pgtask.processes %d -> %d: starting the worker processes again", self.count, count)
+        await self.stop(grace)
+        self.count = count
+        for i in range(1, count):
+            self.keepers[i] = asyncio.create_task(self._keep(i), name=f"worker {i}/{count}")
+
+    async def _keep(self, i: int) -> None:
+        args = ["--config", str(self.config_path)] if self.config_path else []
+        env = {**os.environ, WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo}
+        while True:
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pgtask.cli", "run", *args,
+                                                        env=env, stdin=asyncio.subprocess.PIPE)
+            self.procs[i] = proc
+            log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
+            code = await proc.wait()
+            log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
+                      i, self.count, proc.pid, code, self.restart_after)
+            await asyncio.sleep(self.restart_after)
+
+    def signal(self, sig: int) -> None:
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                proc.send_signal(sig)
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM to every worker (each drains its running tasks for up to ``grace`` s, as on
+        SIGTERM); one still running 30 s after that is killed."""
+        for keeper in self.keepers.values():
+            keeper.cancel()
+        await asyncio.gather(*self.keepers.values(), return_exceptions=True)
+        self.signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), grace + 30)
+            except TimeoutError:
+                log.error("worker process pid %d did not stop: killing it", proc.pid)
+                proc.kill()
+                await proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+        self.keepers.clear()
+        self.procs.clear()
+
+
 class Supervisor:
     def __init__(self, cfg: Config, config_path: str | None = None):
         self.cfg, self.config_path = cfg, config_path
@@ -196,25 +286,35 @@ class Supervisor:
         self.schedulers: dict[tuple, tuple[Scheduler, asyncio.Task]] = {}
         self.stop_event = asyncio.Event()
         self.reload_event = asyncio.Event()
+        self.worker = worker_from_env()  # (i, n) in a worker process (see Workers), None in the first
+        self.workers: Workers | None = None  # the first process's workers
+
+    def place(self) -> tuple[int, int]:
+        """(this process's index, the service's process count)."""
+        return self.worker if self.worker is not None else (0, self.cfg.svc("processes"))
 
     def options(self, entry: Entry, values: dict[str, Any]) -> Options:
         reset_check = self.cfg.svc("reset_check")
-        return Options(sleep=entry.sleep / 1000.0, run=entry.run, limit=int(values["pg_task.limit"]),
+        index, count = self.place()
+        return Options(sleep=entry.sleep / 1000.0, run=run_share(entry.run, index, count),
+                       limit=int(values["pg_task.limit"]),
                        reset_check=reset_check, output_limit=self.cfg.svc("output_limit"),
                        execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"),
                        connecting=self.cfg.svc("connecting"),
-                       maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS})
+                       maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS} if index == 0 else None)
 
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
-        wanted = {e.key: e for e in resolved.entries}
+        index, count = self.place()
+        wanted = {e.key: e for e in resolved.entries if run_share(e.run, index, count) > 0}
         def failed(entry: Entry, exc: Exception) -> None:
             log.error("%s: cannot provision: %s (its scheduler retries every pg_work.restart s)",
                       entry.label(), str(exc).strip())
 
-        report = await provision_entries(self.cfg, self.conninfo, resolved.entries, failed)
-        for action in report.actions:
-            log.info("provision: %s", action)
+        if self.worker is None:  # the workers' first process provisions for them
+            report = await provision_entries(self.cfg, self.conninfo, resolved.entries, failed)
+            for action in report.actions:
+                log.info("provision: %s", action)
         for key in list(self.schedulers):
             if key not in wanted:
                 sched, task = self.schedulers.pop(key)
@@ -224,7 +324,9 @@ class Supervisor:
                 await sched.close()
         for key, entry in wanted.items():
             current = self.schedulers.get(key)
-            if current is None or current[0].entry != entry:
+            # (its part of pg_task.run changes with pgtask.processes: started again then too)
+            if current is None or current[0].entry != entry or \
+                    current[0].options.run != run_share(entry.run, index, count):
                 if current is not None:
                     await current[0].drain()
                     await asyncio.gather(current[1], return_exceptions=True)
@@ -232,6 +334,9 @@ class Supervisor:
                 self.start_scheduler(entry, resolved.values)
         self.restart_after = float(resolved.values["pg_work.restart"])
         self.conf_restart = float(resolved.values["pg_conf.restart"])
+        if self.workers is not None:
+            self.workers.restart_after = self.restart_after
+            await self.workers.resize(count, self.cfg.svc("grace"))
 
     def start_scheduler(self, entry: Entry, values: dict[str, Any]) -> None:
         sched = Scheduler(entry, self.conninfo, self.options(entry, values))
@@ -267,13 +372,36 @@ class Supervisor:
         except (cfgmod.ConfigError, psycopg.Error) as exc:
             log.error("configuration not applied: %s", exc)
 
+    def _watch_first_process(self) -> None:
+        """A worker stops (drains) when the first process is gone: its stdin, a pipe from that
+        process, reaches its end (see Workers)."""
+        loop = asyncio.get_running_loop()
+
+        def readable() -> None:
+            try:
+                data = os.read(sys.stdin.fileno(), 512)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(sys.stdin.fileno())
+                if not self.stop_event.is_set():
+                    log.warning("the service's first process is gone: stopping")
+                self.stop_event.set()
+
+        loop.add_reader(sys.stdin.fileno(), readable)
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stop_event.set)
         loop.add_signal_handler(signal.SIGINT, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_event.set)
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-        self.conninfo, self.cluster = await asyncio.to_thread(base_conninfo, self.cfg)
+        if self.worker is not None:
+            self.conninfo = os.environ[WORKER_DSN_ENV]
+            self._watch_first_process()
+        else:
+            self.conninfo, self.cluster = await asyncio.to_thread(base_conninfo, self.cfg)
+            self.workers = Workers(self.config_path, self.conninfo)
         self.restart_after, self.conf_restart = 60.0, 60.0
         backoff_delay = 0.1
         while True:
@@ -289,7 +417,9 @@ class Supervisor:
                     return 0
                 except TimeoutError:
                     backoff_delay = min(backoff_delay * 2, 3.0)
-        log.info("pgtask running: %d scheduler(s)", len(self.schedulers))
+        log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
+                 f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
+                 f", {self.workers.count} processes" if self.workers.count > 1 else "")
         while not self.stop_event.is_set():
             waiters = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.reload_event.wait())]
             _, pending = await asyncio.wait(waiters, timeout=self.conf_restart,
@@ -298,14 +428,20 @@ class Supervisor:
                 w.cancel()
             if self.stop_event.is_set():
                 break
+            if self.reload_event.is_set() and self.workers is not None:
+                self.workers.signal(signal.SIGHUP)  # each worker re-reads the file too
             self.reload_event.clear()
             log.info("re-reading configuration")
             await self.reload()
         log.info("SIGTERM: draining")
+        if self.workers is not None:
+            self.workers.signal(signal.SIGTERM)  # they drain meanwhile
         scheds = [s for s, _ in self.schedulers.values()]
         await asyncio.gather(*(s.drain() for s in scheds), return_exceptions=True)
         await asyncio.gather(*(t for _, t in self.schedulers.values()), return_exceptions=True)
         await asyncio.gather(*(s.close() for s in scheds), return_exceptions=True)
+        if self.workers is not None:
+            await self.workers.stop(self.cfg.svc("grace"))
         if self.cluster is not None:
             log.info("stopping the embedded PostgreSQL")
             await asyncio.to_thread(self.cluster.stop, "fast")

@@ -117,6 +117,21 @@ class Service:
             self.proc.wait()
             raise AssertionError(f"pgtask run did not stop within {timeout}s:\n{self.output()}")
 
+    def workers(self) -> list[int]:
+        """The pids of the service's worker processes (pgtask.processes > 1)."""
+        pid = self.proc.pid
+        try:
+            return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except FileNotFoundError:
+            return []
+
     def kill(self) -> None:
+        """SIGKILL the service, its worker processes too."""
+        workers = self.workers()
         self.proc.kill()
         self.proc.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signals.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -1,11 +1,15 @@
 """The supervisor (pg_conf): entries of pg_task.json, SIGHUP, restarts; several service instances."""
 
 import functools
+import os
 import signal
+from pathlib import Path
 
 import psycopg
 import pytest
 from support import wait_for
+
+from pgtask.config import ConfigError, from_dict
 
 
 def qualified(schema, table):
@@ -122,3 +126,68 @@ def test_failing_entry_is_restarted_and_others_run(db, cluster, service_factory)
     wait_for(lambda: db.value("SELECT to_regclass('t6') IS NOT NULL"), 20, message="the restarted scheduler")
     task_id = run_in(cluster, db.name, "postgres", "public", "t6")
     wait_for(lambda: state_in(cluster, db.name, "public", "t6", task_id)[0] == "DONE", message="t6 task")
+
+
+# -- several processes (pgtask.processes) ---------------------------------------------------------
+
+def _workers_ready(svc, count):
+    """The service's worker processes, once all ``count`` of them say they are running."""
+    return len(svc.workers()) == count and svc.output().count("pgtask running") >= count + 1
+
+
+def _pid_gone(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # ended, not yet reaped
+
+
+def test_processes_share_the_work_and_pg_task_run(db, service_factory):
+    """processes = 2 with pg_task.run = 3: both processes claim, and the service as a whole never
+    has more than 3 tasks in flight (the first process's part is 2, the worker's 1)."""
+    db.execute("CREATE TABLE seen (claimer int, in_flight bigint)")
+    oid = db.value("SELECT 'task'::regclass::oid")
+    # who holds the task's liveness lock is the control connection of the process that claimed it
+    body = (f"INSERT INTO seen SELECT (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            f"AND classid = {oid} AND objid = (current_setting('pg_task.id')::bigint & 4294967295)::oid), "
+            "(SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')); SELECT pg_sleep(0.3)")
+    svc = service_factory(db.name, "[pg_task]\nrun = 3\n[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n")
+    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    ids = [db.insert(body, group=f"g{i}") for i in range(12)]
+    for task_id in ids:
+        assert db.wait_state(task_id, timeout=30)["state"] == "DONE"
+    assert db.value("SELECT count(DISTINCT claimer) FROM seen") == 2   # two control connections claimed
+    assert db.value("SELECT max(in_flight) FROM seen") == 3            # 2 + 1, never more
+    assert "[worker 1/2]" in svc.output()
+
+
+def test_a_worker_process_is_started_again_and_stops_with_the_service(db, service_factory):
+    svc = service_factory(db.name, "[pg_work]\nrestart = 1\n[pgtask]\nprocesses = 2\nreset_check = 0.5\n"
+                                   "grace = 5\n")
+    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    [first] = svc.workers()
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: svc.workers() and svc.workers() != [first] and "pgtask running" in svc.output().split(
+        "starting it again")[-1], 30, message=f"the worker started again:\n{svc.output()}")
+    assert "exited with status -9; starting it again in 1s" in svc.output()
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
+    [second] = svc.workers()
+    assert svc.stop() == 0
+    assert _pid_gone(second)
+
+
+def test_a_worker_stops_when_the_first_process_is_gone(db, service_factory):
+    svc = service_factory(db.name, "[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n")
+    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    [worker] = svc.workers()
+    svc.proc.kill()  # the first process only
+    svc.proc.wait()
+    wait_for(lambda: _pid_gone(worker), 20, message=f"the worker to stop:\n{svc.output()}")
+    assert "the service's first process is gone: stopping" in svc.output()
+
+
+@pytest.mark.parametrize("value, message", [(0, "must be >= 1, got 0"), ("2", "expected int, got '2'")])
+def test_a_wrong_processes_is_refused_naming_the_key(value, message):
+    with pytest.raises(ConfigError, match=f"^pgtask.processes: {message}$"):
+        from_dict({"pgtask": {"processes": value}})
