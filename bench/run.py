@@ -11,8 +11,9 @@ throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (defau
 machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
 - pgtask throughput (and, with no goal, 1,000 `SELECT 1` in 1,000 groups, a task each: a burst in
-  many groups): `pgtask run` with `[pgtask] processes` = the machine's CPUs (and once more, for 16
-  groups, with one process) is started as a subprocess on a fresh database and is ready and idle;
+  many groups): `pgtask run` (its default: one process; 16 groups once more with `[pgtask]
+  processes` = the machine's CPUs, no goal) is started as a subprocess on a fresh database and is
+  ready and idle;
   then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
   Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
@@ -62,8 +63,8 @@ from pgtask.cluster import Cluster, debian_bindir
 from pgtask.scheduler import render_query
 
 ROOT = Path(__file__).resolve().parent.parent
-# pgtask's throughput runs use [pgtask] processes = the CPUs (one more 16-group run with one process);
-# pgqueuer runs both ways too (one process, concurrency 16; PROCESSES processes sharing the 16)
+# 16 groups of pgtask run once more with [pgtask] processes = the CPUs (no goal: the default is one),
+# pgqueuer both ways too (one process, concurrency 16; PROCESSES processes sharing the 16)
 PROCESSES = os.cpu_count() or 1
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
@@ -299,20 +300,16 @@ class Bench:
             time.sleep(0.05)
 
     def pgtask(self) -> None:
-        p = f"{PROCESSES} processes" if PROCESSES > 1 else "1 process"
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
-            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0), {p}", self.n(6000), 16, 0, body,
-                       PROCESSES)
-            if body == TRIVIAL and PROCESSES > 1:
-                self.tasks("g16_1p", f"pgtask {label}: 16 groups (max 0), 1 process", self.n(6000), 16, 0, body)
-            self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group, {p}", self.n(2000), 1, 0, body,
-                       PROCESSES)
-            self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15, {p}", self.n(6000), 1, 15, body,
-                       PROCESSES)
+            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
+            if body == TRIVIAL and PROCESSES > 1:  # no goal: the same with [pgtask] processes = the CPUs
+                self.tasks("g16_mp", f"pgtask {label}: 16 groups (max 0), {PROCESSES} processes", self.n(6000),
+                           16, 0, body, PROCESSES)
+            self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
+            self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
         # no goal: a burst in many groups, a task each (the sessions opened a few at a time serve it)
-        self.tasks("g1000", f"pgtask SELECT 1: 1,000 groups, a task each, {p}", 1000, 1000, 0, TRIVIAL,
-                   PROCESSES)
+        self.tasks("g1000", "pgtask SELECT 1: 1,000 groups, a task each", 1000, 1000, 0, TRIVIAL)
 
     # -- peers ---------------------------------------------------------------------------------
     def peers(self) -> None:
@@ -517,10 +514,8 @@ class Bench:
         peer = max(f.get("pgqueuer", 0), f.get("pgqueuer_mp", 0), f.get("procrastinate", 0))
         if "g16" in f and peer:
             add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
-        if "g16_1p" in f and "pgbench_N" in f:
-            info("  the same with 1 process / pgbench -N", f["g16_1p"] / f["pgbench_N"], "(for comparison)")
-        if "g16_1p" in f and peer:
-            info("  the same with 1 process / better peer", f["g16_1p"] / peer, "(for comparison)")
+        if "g16_mp" in f and peer:
+            info(f"  the same with {PROCESSES} processes / better peer", f["g16_mp"] / peer, "(no goal)")
         if "g16_server_us" in f:
             # What the server's share alone allows: the figure if the service cost no CPU at all.
             ceiling = (os.cpu_count() or 1) / (f["g16_server_us"] / 1e6)
