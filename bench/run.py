@@ -88,10 +88,14 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> set[int]:
+    """The live child processes of ``pid``."""
+    return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """cpu_seconds of a process and of its live children (the service's worker processes)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return cpu_seconds(pid) + sum(cpu_seconds(int(c)) for c in children)
+    return cpu_seconds(pid) + sum(cpu_seconds(c) for c in children(pid))
 
 
 def running_seconds(pid: int) -> float:
@@ -189,9 +193,9 @@ class Bench:
             self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", measure)
 
     # -- the service ---------------------------------------------------------------------------
-    def service(self, dbname: str, extra: str = "") -> subprocess.Popen:
+    def service(self, dbname: str, processes: int = 1) -> subprocess.Popen:
         cfg = self.base / f"{dbname}.toml"
-        cfg.write_text(f'[pgtask]\nlog_level = "info"\n{extra}')
+        cfg.write_text(f'[pgtask]\nlog_level = "info"\nprocesses = {processes}\n')
         log = open(self.base / f"{dbname}.log", "wb")  # noqa: SIM115 - the service writes to it until stop()
         env = {**os.environ, **self.cluster.env(), "PGDATABASE": dbname}
         cmd = [sys.executable, "-m", "pgtask.cli", "run", "--config", str(cfg)]
@@ -202,8 +206,7 @@ class Bench:
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.base)
         deadline = time.monotonic() + 60
         logfile = self.base / f"{dbname}.log"
-        wanted = int(m.group(1)) if (m := re.search(r"processes = (\d+)", extra)) else 1
-        while logfile.read_text(errors="replace").count("pgtask running") < wanted:  # every process
+        while logfile.read_text(errors="replace").count("pgtask running") < processes:  # every process
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"pgtask run did not start:\n{logfile.read_text()}")
             time.sleep(0.05)
@@ -212,8 +215,8 @@ class Bench:
 
     def stop(self, proc: subprocess.Popen) -> None:
         if os.environ.get("BENCH_PROFILE"):  # stop the profiled service: py-spy then writes and exits
-            for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
-                os.kill(int(child), 15)
+            for child in children(proc.pid):
+                os.kill(child, 15)
             proc.wait(60)
             return
         proc.terminate()
@@ -263,7 +266,7 @@ class Bench:
         """n tasks inserted at once into a fresh database with its own service; see Run."""
         db = self.database()
         server0, children = self.postmaster_seconds(), self.postmaster_children()
-        proc = self.service(db, f"processes = {processes}\n")
+        proc = self.service(db, processes)
         try:
             with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
                 remote_value = remote.replace("DB", db) if remote else None
@@ -288,11 +291,10 @@ class Bench:
         # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
         return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own)
 
-    def postmaster_children(self) -> set[str]:
-        pid = (self.cluster.data / "postmaster.pid").read_text().split()[0]
-        return set(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    def postmaster_children(self) -> set[int]:
+        return children(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
 
-    def wait_children_gone(self, before: set[str]) -> None:
+    def wait_children_gone(self, before: set[int]) -> None:
         """Until every server process started since ``before`` has ended (its CPU is then counted
         in the postmaster's), or 30 s (an autovacuum worker may run longer)."""
         deadline = time.monotonic() + 30

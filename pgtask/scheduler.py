@@ -252,10 +252,10 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         await self.start()
-        listener = asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")
-        # schedules, retention, key expiry: their own connection and timers, never in the claim path
-        maintenance = asyncio.create_task(self.maintenance.run() if self.maintenance else asyncio.sleep(0),
-                                          name=f"maintenance {self.entry.label()}")
+        beside = [asyncio.create_task(self.listen(), name=f"listen {self.entry.label()}")]
+        if self.maintenance is not None:
+            # schedules, retention, key expiry: their own connection and timers, never in the claim path
+            beside.append(asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}"))
         self.ready.set()
         last_reset = time.monotonic()
         try:
@@ -286,9 +286,9 @@ class Scheduler:
                         pass
                 self.wake.clear()
         finally:
-            listener.cancel()
-            maintenance.cancel()
-            await asyncio.gather(listener, maintenance, return_exceptions=True)
+            for task in beside:
+                task.cancel()
+            await asyncio.gather(*beside, return_exceptions=True)
 
     async def _prepared(self, conn: psycopg.AsyncConnection, name: str, params: tuple[str, ...],
                         version: object) -> None:

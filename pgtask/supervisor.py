@@ -305,8 +305,8 @@ class Supervisor:
 
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
-        index, count = self.place()
-        wanted = {e.key: e for e in resolved.entries if run_share(e.run, index, count) > 0}
+        options = {e.key: self.options(e, resolved.values) for e in resolved.entries}
+        wanted = {e.key: e for e in resolved.entries if options[e.key].run > 0}  # see run_share
         def failed(entry: Entry, exc: Exception) -> None:
             log.error("%s: cannot provision: %s (its scheduler retries every pg_work.restart s)",
                       entry.label(), str(exc).strip())
@@ -325,26 +325,25 @@ class Supervisor:
         for key, entry in wanted.items():
             current = self.schedulers.get(key)
             # (its part of pg_task.run changes with pgtask.processes: started again then too)
-            if current is None or current[0].entry != entry or \
-                    current[0].options.run != run_share(entry.run, index, count):
+            if current is None or current[0].entry != entry or current[0].options.run != options[key].run:
                 if current is not None:
                     await current[0].drain()
                     await asyncio.gather(current[1], return_exceptions=True)
                     await current[0].close()
-                self.start_scheduler(entry, resolved.values)
+                self.start_scheduler(entry, options[key])
         self.restart_after = float(resolved.values["pg_work.restart"])
         self.conf_restart = float(resolved.values["pg_conf.restart"])
         if self.workers is not None:
             self.workers.restart_after = self.restart_after
-            await self.workers.resize(count, self.cfg.svc("grace"))
+            await self.workers.resize(self.place()[1], self.cfg.svc("grace"))
 
-    def start_scheduler(self, entry: Entry, values: dict[str, Any]) -> None:
-        sched = Scheduler(entry, self.conninfo, self.options(entry, values))
-        task = asyncio.create_task(self.guard(sched, values), name=f"scheduler {entry.label()}")
+    def start_scheduler(self, entry: Entry, options: Options) -> None:
+        sched = Scheduler(entry, self.conninfo, options)
+        task = asyncio.create_task(self.guard(sched), name=f"scheduler {entry.label()}")
         self.schedulers[entry.key] = (sched, task)
         log.info("scheduler started: %s (sleep %d ms)", entry.label(), entry.sleep)
 
-    async def guard(self, sched: Scheduler, values: dict[str, Any]) -> None:
+    async def guard(self, sched: Scheduler) -> None:
         """Run a scheduler; if it dies, restart it after pg_work.restart seconds."""
         while True:
             try:
