@@ -4,7 +4,7 @@ import asyncio
 
 import psycopg
 
-from pgtask.scheduler import render_query
+from pgtask.scheduler import FINISH_PARAMS, render_query
 
 
 def explain(db, name, params):
@@ -67,3 +67,38 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     # PostgreSQL 15 plans the empty queue through task_queue_idx (this fails there without the new
     # PREPARE); 18 happens to pick task_plan_idx for the empty table too.
     assert "task_plan_idx" in after and "task_queue_idx" not in after, (before, after)
+
+
+def test_the_flushes_are_planned_again_with_the_pass(db):
+    """A flush of finishes (UPDATE ... FROM unnest of its arrays, a generic plan) prepared while the
+    table was small kept that plan -- a hash join over a sequential scan of the whole table -- for
+    the burst that followed: 1.5-2 ms a flush at 6,000 rows instead of 0.3, and a warmed-up service
+    a quarter slower than a fresh one (docs/performance.md, tenth session). The writers' flush
+    statements are prepared again whenever the claim pass's are."""
+    empty = {name: [] for name in FINISH_PARAMS}
+
+    async def go() -> tuple[str, str]:
+        sched = db.scheduler()
+        await sched.start()
+        sched.dispatch = lambda task, session=None: sched.inflight.__setitem__(task.id, (task, None))
+        try:
+            await sched.claim_pass()  # empty
+            async with sched.writers.connection() as writer:
+                await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
+                plans = [await flush_plan(writer)]
+                db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
+                           "FROM generate_series(1, 20000) i")
+                assert (await sched.claim_pass())[0] == 4
+                await sched.claim_pass()  # the pass is prepared again: so are the flushes, when next used
+                await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
+                plans.append(await flush_plan(writer))
+            return plans
+        finally:
+            await sched.close()
+
+    async def flush_plan(conn) -> str:
+        cur = await conn.execute("EXPLAIN EXECUTE pgtask_flush_finish('{}', '{}', '{}', '{}', '{}')")
+        return "\n".join(r[0] for r in await cur.fetchall())
+
+    before, after = asyncio.run(go())
+    assert "task_pkey" in after and "Seq Scan on task" not in after, (before, after)
