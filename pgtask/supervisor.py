@@ -244,8 +244,14 @@ class Workers:
         args = ["--config", str(self.config_path)] if self.config_path else []
         env = {**os.environ, WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo}
         while True:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pgtask.cli", "run", *args,
-                                                        env=env, stdin=asyncio.subprocess.PIPE)
+            try:
+                proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pgtask.cli", "run", *args,
+                                                            env=env, stdin=asyncio.subprocess.PIPE)
+            except OSError as exc:  # no interpreter there any more, no fork (process or memory limit)
+                log.error("worker process %d/%d could not be started (%s); trying again in %gs",
+                          i, self.count, exc, self.restart_after)
+                await asyncio.sleep(self.restart_after)
+                continue
             self.procs[i] = proc
             log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
             code = await proc.wait()

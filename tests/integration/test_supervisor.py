@@ -1,15 +1,19 @@
 """The supervisor (pg_conf): entries of pg_task.json, SIGHUP, restarts; several service instances."""
 
+import asyncio
 import functools
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import psycopg
 import pytest
-from support import wait_for
+from support import wait_for, wait_for_async
 
 from pgtask.config import ConfigError, from_dict
+from pgtask.supervisor import Workers
 
 
 def qualified(schema, table):
@@ -185,6 +189,25 @@ def test_a_worker_stops_when_the_first_process_is_gone(db, service_factory):
     svc.proc.wait()
     wait_for(lambda: _pid_gone(worker), 20, message=f"the worker to stop:\n{svc.output()}")
     assert "the service's first process is gone: stopping" in svc.output()
+
+
+def test_a_worker_that_cannot_be_started_is_tried_again(monkeypatch, caplog):
+    """Starting a worker fails (its interpreter is gone -- a venv replaced under a running service --
+    or no fork is allowed): logged, tried again after pg_work.restart, ended by the service's stop."""
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+
+    async def go() -> None:
+        workers = Workers(None, "")
+        workers.restart_after = 0.01
+        await workers.resize(2, grace=1)
+        await wait_for_async(lambda: sum("could not be started" in r.getMessage() for r in caplog.records) >= 2)
+        assert not workers.keepers[1].done()  # still trying
+        await workers.stop(1)
+        assert not workers.keepers and not workers.procs
+
+    with caplog.at_level(logging.ERROR, logger="pgtask.supervisor"):
+        asyncio.run(go())
+    assert "worker process 1/2 could not be started ([Errno 2] No such file or directory" in caplog.text
 
 
 @pytest.mark.parametrize("value, message", [(0, "must be >= 1, got 0"), ("2", "expected int, got '2'")])
