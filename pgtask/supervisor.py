@@ -311,7 +311,8 @@ class Supervisor:
 
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
-        options = {e.key: self.options(e, resolved.values) for e in resolved.entries}
+        entries = {e.key: e for e in resolved.entries}
+        options = {key: self.options(e, resolved.values) for key, e in entries.items()}
         wanted = {e.key: e for e in resolved.entries if options[e.key].run > 0}  # see run_share
         def failed(entry: Entry, exc: Exception) -> None:
             log.error("%s: cannot provision: %s (its scheduler retries every pg_work.restart s)",
@@ -324,7 +325,11 @@ class Supervisor:
         for key in list(self.schedulers):
             if key not in wanted:
                 sched, task = self.schedulers.pop(key)
-                log.info("entry removed: stopping %s", sched.entry.label())
+                if key in entries:  # still configured: this process's part of its pg_task.run is 0
+                    log.info("%s: no part of pg_task.run left for this process (run %d, %d processes): "
+                             "stopping its scheduler", sched.entry.label(), entries[key].run, self.place()[1])
+                else:
+                    log.info("entry removed: stopping %s", sched.entry.label())
                 await sched.drain()
                 await asyncio.gather(task, return_exceptions=True)
                 await sched.close()

@@ -191,6 +191,21 @@ def test_a_worker_stops_when_the_first_process_is_gone(db, service_factory):
     assert "the service's first process is gone: stopping" in svc.output()
 
 
+def test_a_worker_left_no_part_of_run_stops_its_scheduler(db, service_factory):
+    """pg_task.run 2 -> 1 on SIGHUP with two processes: the worker's part is 0 and it says so (the
+    entry is still there), while the first process runs the tasks."""
+    conf = "[pg_task]\nrun = {}\n[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n"
+    svc = service_factory(db.name, conf.format(2))
+    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    svc.write_config(conf.format(1))
+    svc.signal(signal.SIGHUP)
+    wait_for(lambda: any("[worker 1/2]" in line and "no part of pg_task.run left for this process "
+                         "(run 1, 2 processes): stopping its scheduler" in line
+                         for line in svc.output().splitlines()), 30, message=f"the worker's log:\n{svc.output()}")
+    assert "entry removed" not in svc.output()
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
+
+
 def test_a_worker_that_cannot_be_started_is_tried_again(monkeypatch, caplog):
     """Starting a worker fails (its interpreter is gone -- a venv replaced under a running service --
     or no fork is allowed): logged, tried again after pg_work.restart, ended by the service's stop."""
