@@ -14,7 +14,9 @@ machine drifts by 10-20 % from minute to minute.
   many groups): `pgtask run` (its default: one process; 16 groups once more with `[pgtask]
   processes` = the machine's CPUs, no goal) is started as a subprocess on a fresh database and is
   ready and idle;
-  then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL.
+  then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL. 16 groups
+  once more after a warm-up of WARM tasks run first by the same service (no goal: a service that
+  has run before should be as fast as a fresh one; the tenth session found one 27 % slower).
   Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
   run, minus the benchmark's waiting connection), and for 16 groups the bound the server's share
@@ -66,6 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # 16 groups of pgtask run once more with [pgtask] processes = the CPUs (no goal: the default is one),
 # pgqueuer both ways too (one process, concurrency 16; PROCESSES processes sharing the 16)
 PROCESSES = os.cpu_count() or 1
+WARM = 320  # tasks a service runs before the timed burst of the "after a warm-up" row
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
 
@@ -246,12 +249,13 @@ class Bench:
         spread = f"median of {len(rates)}: " + ", ".join(f"{r:,.0f}" for r in rates) if len(rates) > 1 else ""
         self.record(key, what, mid, unit, " ".join(x for x in (note, spread) if x))
 
-    def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str, processes: int = 1) -> None:
+    def tasks(self, key: str, what: str, n: int, groups: int, max_: int, body: str, processes: int = 1,
+              warm: int = 0) -> None:
         server = []
 
         def measure() -> tuple[float, str]:
-            run = self.run_tasks(n, groups, max_, body, processes=processes)
-            server.append(run.server / n * 1e6)
+            run = self.run_tasks(n, groups, max_, body, processes=processes, warm=warm)
+            server.append(run.server / (n + warm) * 1e6)
             return n / run.wall, (f"(service CPU {run.cpu / run.wall:.0%} of one core, "
                                   f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task)")
         self.repeated(key, what, "tasks/s", measure)
@@ -262,20 +266,26 @@ class Bench:
         return cpu_seconds(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
 
     def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None,
-                  processes: int = 1) -> Run:
-        """n tasks inserted at once into a fresh database with its own service; see Run."""
+                  processes: int = 1, warm: int = 0) -> Run:
+        """n tasks inserted at once into a fresh database with its own service; see Run. With
+        ``warm``, the service first runs that many tasks of the same kind: the wall time and the
+        service's CPU are the burst's after them; the server's CPU covers both (its backends' CPU is
+        known when they end)."""
         db = self.database()
         server0, children = self.postmaster_seconds(), self.postmaster_children()
         proc = self.service(db, processes)
         try:
             with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
                 remote_value = remote.replace("DB", db) if remote else None
+                insert = ('INSERT INTO task ("group", "max", "input", "remote") '
+                          "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
+                          "RETURNING statement_timestamp()")
+                if warm:
+                    conn.execute(insert, (groups, max_, body, remote_value, warm))
+                    self.wait_done(conn, warm, timeout=300)
                 cpu0 = tree_cpu_seconds(proc.pid)
-                t0 = conn.execute(
-                    'INSERT INTO task ("group", "max", "input", "remote") '
-                    "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
-                    "RETURNING statement_timestamp()", (groups, max_, body, remote_value, n)).fetchone()[0]
-                self.wait_done(conn, n, timeout=300)
+                t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
+                self.wait_done(conn, n + warm, timeout=300)
                 wall, fails = conn.execute(
                     "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
                     "FROM task", (t0,)).fetchone()
@@ -308,6 +318,9 @@ class Bench:
             if body == TRIVIAL and PROCESSES > 1:  # no goal: the same with [pgtask] processes = the CPUs
                 self.tasks("g16_mp", f"pgtask {label}: 16 groups (max 0), {PROCESSES} processes", self.n(6000),
                            16, 0, body, PROCESSES)
+            if body == TRIVIAL:  # no goal: a service that ran tasks before, as a real one has
+                self.tasks("g16_warm", f"pgtask {label}: 16 groups (max 0), after {WARM} tasks", self.n(6000),
+                           16, 0, body, warm=WARM)
             self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
             self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
         # no goal: a burst in many groups, a task each (the sessions opened a few at a time serve it)
@@ -518,6 +531,8 @@ class Bench:
             add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
         if "g16_mp" in f and peer:
             info(f"  the same with {PROCESSES} processes / better peer", f["g16_mp"] / peer, "(no goal)")
+        if "g16_warm" in f and "g16" in f:
+            info("  16 groups after a warm-up / fresh", f["g16_warm"] / f["g16"], "(no goal; about 1 expected)")
         if "g16_server_us" in f:
             # What the server's share alone allows: the figure if the service cost no CPU at all.
             ceiling = (os.cpu_count() or 1) / (f["g16_server_us"] / 1e6)
