@@ -46,6 +46,8 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")),
                    ("claim", ("oid", "limit", "offer_pid", "offer_id")),
                    ("next", ()))
+# claim_next's, for a session reusing its executor (count/live): see next_of_group
+CLAIM_NEXT_PARAMS = ("oid", "group", "remote", "user", "max", "done", "born")
 
 
 # The flushes' parameters, in the order of their prepared statements' $n: "flush", and
@@ -204,7 +206,7 @@ class Scheduler:
                 conn = await psycopg.AsyncConnection.connect(
                     make_conninfo(self.conninfo, application_name=f"pg_work {self.entry.schema} "
                                   f"{self.entry.table} {int(self.options.sleep * 1000)}"),
-                    autocommit=True, row_factory=dict_row)
+                    autocommit=True, row_factory=dict_row, prepare_threshold=None)
                 # The claim walks each group's queue head in index order; a bitmap scan would read the
                 # group's whole backlog (see "claim" in queries.sql). Nothing this connection writes
                 # needs to wait for the WAL flush (claims, resets: see claim_pass).
@@ -239,7 +241,8 @@ class Scheduler:
             log.info("%s: %s", self.entry.label(), action)
         await self.refresh_columns(self.control)
         self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
-                                           kwargs={"autocommit": True}, timeout=10, configure=self._writer)
+                                           kwargs={"autocommit": True, "prepare_threshold": None},
+                                           timeout=10, configure=self._writer)
         await self.writers.open(wait=True, timeout=30)
         await self.reset_orphans()
 
@@ -294,7 +297,10 @@ class Scheduler:
                         version: object) -> None:
         """Have the named query ``name`` prepared on ``conn`` as pgtask_<name> (its %(param)s as $n, in
         the order of ``params``), for ``version``: prepared again when that changed (a new column
-        set for the flush, a new planning round: see claim_pass), once per connection otherwise."""
+        set for the flush, a new planning round: see claim_pass), once per connection otherwise.
+        The connections they live on (control, writers) have psycopg's own automatic preparation
+        off (prepare_threshold=None): once psycopg has prepared a statement on a connection, it
+        sends DEALLOCATE ALL there after any rolled-back transaction, which dropped these too."""
         have = self.prepared.setdefault(conn, {})
         if name in have and have[name] == version:
             return
@@ -801,10 +807,11 @@ class Scheduler:
         try:
             async with self.control.transaction():
                 await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": [], "claim": True})
-                cur = await self.control.execute(self.q("claim_next"), {
-                    "oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
-                    "max": spawner_max,
-                    "done": done, "born": born})
+                await self._prepared(self.control, "claim_next", CLAIM_NEXT_PARAMS, self.pass_plans)
+                values = {"oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
+                          "max": spawner_max, "done": done, "born": born}
+                cur = await self.control.execute(sql.SQL("EXECUTE pgtask_claim_next({})").format(
+                    sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS)))
                 row = await cur.fetchone()
         except (psycopg.OperationalError, AttributeError):
             return None

@@ -93,8 +93,8 @@ WITH s AS (
       AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s AND "user" = %(user)s
       AND ("plan" + "active" > statement_timestamp() OR "repeat" > '0 sec' OR "max" < 0)
       AND CASE WHEN "count" > 0 AND "live" > '0 sec'
-               THEN "count" > %(done)s AND %(born)s + "live" > statement_timestamp()
-               ELSE "count" > %(done)s OR %(born)s + "live" > statement_timestamp() END
+               THEN "count" > %(done)s AND %(born)s::timestamptz + "live" > statement_timestamp()
+               ELSE "count" > %(done)s OR %(born)s::timestamptz + "live" > statement_timestamp() END
     ORDER BY "max" DESC, "id" LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 )

@@ -104,3 +104,39 @@ def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, ser
         waiting = db.insert("SELECT 1", group="b")
         locker.execute("SELECT pg_advisory_unlock(%s)", (oid,))
     assert db.wait_state(waiting)["state"] == "DONE"  # claiming goes on once the lock is free
+
+
+def test_a_rolled_back_finish_leaves_the_flush_statements_in_place(db, caplog):
+    """psycopg deallocates ALL of a connection's prepared statements when a transaction on it rolls
+    back, once it has prepared a statement of its own there (after five runs of one query): the
+    service's own statements on that writer went with them, and every later batch written there
+    failed ("prepared statement ... does not exist") and was written row by row instead."""
+    db.execute("""CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$""")
+    db.execute("""CREATE TRIGGER refuse BEFORE UPDATE ON task FOR EACH ROW
+                  WHEN (NEW.state = 'DONE' AND NEW.input = 'SELECT ''refuse''') EXECUTE FUNCTION refuse()""")
+    repeating = [db.insert("SELECT 1", group=f"r{i}", repeat="1 hour") for i in range(2)]
+    pausing = [db.insert("SELECT 1", group=f"p{i}", max=-1) for i in range(8)]  # finished one by one
+    refused = db.insert("SELECT 'refuse'", group="refused", max=-1)
+
+    async def go() -> None:
+        sched = db.scheduler(run=20)
+        claimed = {}
+        await sched.start()
+        sched.dispatch = lambda task, session=None: (claimed.__setitem__(task.id, task),
+                                                     sched.inflight.__setitem__(task.id, (task, None)))
+        try:
+            assert (await sched.claim_pass())[0] == 11
+            await sched.finish(claimed[repeating[0]], "1", None)  # the writer prepares pgtask_flush
+            for task_id in pausing:
+                await sched.finish(claimed[task_id], "1", None)   # the same writer, through psycopg
+            await sched.finish(claimed[refused], "refuse", None)  # a rollback there
+            await sched.finish(claimed[repeating[1]], "1", None)  # pgtask_flush again
+        finally:
+            await sched.close()
+
+    with caplog.at_level("INFO", logger="pgtask"):
+        asyncio.run(go())
+    assert db.task(refused)["state"] == "FAIL" and "refused by a trigger" in db.task(refused)["error"]
+    assert db.value("SELECT count(*) FROM task WHERE parent = ANY(%s)", (repeating,)) == 2
+    assert "batched write failed" not in caplog.text, caplog.text
