@@ -313,7 +313,7 @@ class Supervisor:
         resolved = await resolve(self.cfg, self.conninfo)
         entries = {e.key: e for e in resolved.entries}
         options = {key: self.options(e, resolved.values) for key, e in entries.items()}
-        wanted = {e.key: e for e in resolved.entries if options[e.key].run > 0}  # see run_share
+        wanted = {key: e for key, e in entries.items() if options[key].run > 0}  # see run_share
         def failed(entry: Entry, exc: Exception) -> None:
             log.error("%s: cannot provision: %s (its scheduler retries every pg_work.restart s)",
                       entry.label(), str(exc).strip())
