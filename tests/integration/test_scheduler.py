@@ -308,10 +308,14 @@ def test_input_cannot_leave_its_role(db, service, escape):
     assert row["state"] == "FAIL" or row["output"].split("\n")[-1] == "erin", row
 
 
-def test_live_reuses_the_session_for_a_while(db, service):
-    """live > 0: one executor session takes the group's next tasks while it is younger than live."""
-    ids = [db.insert("SELECT pg_backend_pid()", group="alive", live="1 hour", header=False) for _ in range(4)]
-    assert len({db.wait_state(i)["output"] for i in ids}) == 1
+@pytest.mark.parametrize("group", ["alive", "it's a \\ \"group\"; DROP TABLE task; --"])
+def test_live_reuses_the_session_for_a_while(db, service, group):
+    """live > 0: one executor session takes the group's next tasks while it is younger than live
+    (the next task is claimed by a statement taking the group's name as a literal: a hostile one
+    is only a name)."""
+    ids = [db.insert("SELECT pg_backend_pid()", group=group, live="1 hour", header=False) for _ in range(4)]
+    rows = [db.wait_state(i) for i in ids]
+    assert [r["state"] for r in rows] == ["DONE"] * 4 and len({r["output"] for r in rows}) == 1
 
 
 def test_live_reuse_stays_with_the_sessions_role(db, service):
