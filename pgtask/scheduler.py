@@ -43,7 +43,8 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
-PASS_STATEMENTS = (("expire", ()), ("claim_lock", ("claim", "oid", "ids")),
+CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
+PASS_STATEMENTS = (("expire", ()), ("claim_lock", CLAIM_LOCK_PARAMS),
                    ("claim", ("oid", "limit", "offer_pid", "offer_id")),
                    ("next", ()))
 # claim_next's, for a session reusing its executor (count/live): see next_of_group
@@ -806,12 +807,16 @@ class Scheduler:
             return None
         try:
             async with self.control.transaction():
-                await self.control.execute(self.q("claim_lock"), {"oid": self.oid, "ids": [], "claim": True})
+                # the claim lock (as a claim pass takes it) and the claim, in one round trip
+                await self._prepared(self.control, "claim_lock", CLAIM_LOCK_PARAMS, self.pass_plans)
                 await self._prepared(self.control, "claim_next", CLAIM_NEXT_PARAMS, self.pass_plans)
                 values = {"oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
                           "max": spawner_max, "done": done, "born": born}
-                cur = await self.control.execute(sql.SQL("EXECUTE pgtask_claim_next({})").format(
-                    sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS)))
+                cur = await self.control.execute(
+                    sql.SQL("EXECUTE pgtask_claim_lock(true, {}, '{{}}'); EXECUTE pgtask_claim_next({})").format(
+                        sql.Literal(self.oid),
+                        sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS)))
+                cur.nextset()  # claim_lock's row first
                 row = await cur.fetchone()
         except (psycopg.OperationalError, AttributeError):
             return None

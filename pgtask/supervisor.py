@@ -250,13 +250,12 @@ class Workers:
             except OSError as exc:  # no interpreter there any more, no fork (process or memory limit)
                 log.error("worker process %d/%d could not be started (%s); trying again in %gs",
                           i, self.count, exc, self.restart_after)
-                await asyncio.sleep(self.restart_after)
-                continue
-            self.procs[i] = proc
-            log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
-            code = await proc.wait()
-            log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
-                      i, self.count, proc.pid, code, self.restart_after)
+            else:
+                self.procs[i] = proc
+                log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
+                code = await proc.wait()
+                log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
+                          i, self.count, proc.pid, code, self.restart_after)
             await asyncio.sleep(self.restart_after)
 
     def signal(self, sig: int) -> None:

@@ -46,6 +46,19 @@ async def wait_for_async(predicate: Callable[[], object], timeout: float = 10.0,
     return result
 
 
+def hold_claims(sched) -> dict:
+    """Tasks an in-process scheduler claims stay in flight, not run: its dispatch only records them.
+    Returns that record (task id -> Task), for a test that finishes them itself."""
+    claimed = {}
+
+    def dispatch(task, session=None) -> None:
+        claimed[task.id] = task
+        sched.inflight[task.id] = (task, None)
+
+    sched.dispatch = dispatch
+    return claimed
+
+
 def race(n: int, work: Callable[[Callable[[], object]], object]) -> tuple[list, list]:
     """Run ``work(start)`` in ``n`` threads; each calls ``start()`` where the threads should be let
     go together. Returns (results, errors), errors being the exceptions the threads raised."""

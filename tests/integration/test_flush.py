@@ -4,7 +4,7 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 import asyncio
 import itertools
 
-from support import wait_for
+from support import hold_claims, wait_for
 
 
 def prepared_names(sched) -> set[str]:
@@ -18,10 +18,8 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
 
     async def go() -> tuple[set[str], set[str]]:
         sched = db.scheduler(run=10)
-        claimed = {}
         await sched.start()
-        sched.dispatch = lambda task, session=None: (claimed.__setitem__(task.id, task),
-                                                     sched.inflight.__setitem__(task.id, (task, None)))
+        claimed = hold_claims(sched)
         try:
             assert (await sched.claim_pass())[0] == 5
             db.claim(lost)  # another claim took it meanwhile: its finish must not land
@@ -121,10 +119,8 @@ def test_a_rolled_back_finish_leaves_the_flush_statements_in_place(db, caplog):
 
     async def go() -> None:
         sched = db.scheduler(run=20)
-        claimed = {}
         await sched.start()
-        sched.dispatch = lambda task, session=None: (claimed.__setitem__(task.id, task),
-                                                     sched.inflight.__setitem__(task.id, (task, None)))
+        claimed = hold_claims(sched)
         try:
             assert (await sched.claim_pass())[0] == 11
             await sched.finish(claimed[repeating[0]], "1", None)  # the writer prepares pgtask_flush

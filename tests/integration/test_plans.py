@@ -3,6 +3,7 @@
 import asyncio
 
 import psycopg
+from support import hold_claims
 
 from pgtask.scheduler import FINISH_PARAMS, render_query
 
@@ -46,7 +47,7 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     async def go() -> tuple[str, str]:
         sched = db.scheduler()
         await sched.start()
-        sched.dispatch = lambda task, session=None: sched.inflight.__setitem__(task.id, (task, None))
+        hold_claims(sched)
         try:
             await sched.claim_pass()  # empty: prepared and planned on an empty table
             plans = [await next_plan(sched)]
@@ -80,7 +81,7 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
     async def go() -> tuple[str, str]:
         sched = db.scheduler()
         await sched.start()
-        sched.dispatch = lambda task, session=None: sched.inflight.__setitem__(task.id, (task, None))
+        hold_claims(sched)
         try:
             await sched.claim_pass()  # empty
             async with sched.writers.connection() as writer:
