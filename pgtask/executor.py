@@ -463,17 +463,20 @@ def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Se
                       reset: bool) -> tuple[str, int]:
     """(preamble, its statement count) to send in the same query string before the input.
 
-    The preamble commits on its own (the explicit COMMIT) before the input runs, as in two round
-    trips. It fails -- and then nothing of it, nor the input, runs -- when the task cannot start
-    (its lease was lost) or the author's pg_task.spi is no longer the value this session last read
-    (the input would run in the wrong mode): the caller then takes the two round trips.
+    The preamble is a transaction block of its own (BEGIN ... COMMIT) that commits before the input
+    runs, as in two round trips. (A COMMIT without the BEGIN would end the string's implicit
+    transaction too, but with a WARNING "there is no transaction in progress" -- in the server log
+    for every task.) It fails -- and then nothing of it, nor the input, runs -- when the task cannot
+    start (its lease was lost) or the author's pg_task.spi is no longer the value this session last
+    read (the input would run in the wrong mode): the caller then rolls the block back and takes
+    the two round trips.
     """
     expected = sql.Literal(session.spi).as_string(None) if session.spi is not None else "NULL"
     # 1 / false::int: an error (division by zero) computed at run time, after the start function
-    text = (f"{_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
+    text = (f"BEGIN; {_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
             f"AND {spi_mode.setting(session.set_role)} IS NOT DISTINCT FROM {expected})::int, "
             f"{_session_settings(task, schema, table, oid, reset, session.settings)}; COMMIT; ")
-    statements = (_RESET_STATEMENTS.count(";") + 1 if reset else 0) + int(session.set_role) + 2
+    statements = 1 + (_RESET_STATEMENTS.count(";") + 1 if reset else 0) + int(session.set_role) + 2
     return text, statements
 
 
@@ -531,6 +534,8 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
         # Nothing of it ran: two round trips -- unless it was cancelled (STOP, shutdown): then the
         # input must not run at all, and the task ends as a cancelled two-trip preamble does.
         _raise_if_lost(failed.result)
+        if session.pgconn.transaction_status == pq.TransactionStatus.INERROR:  # the preamble's block
+            _raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding))
         session.needs_reset = True
         cancelled = failed.result if wire.sqlstate(failed.result) == CANCELLED else None
         return await _two_trips(session, task, schema, table, oid, out, spi, start_work, cancelled)

@@ -40,14 +40,17 @@ class Trips:
 
 
 def run_tasks(db, inputs: list[str], trips: Trips, break_lease_of: int | None = None,
-              before=lambda i: None) -> list:
-    """Claim and run each input in turn on ONE executor session: [(output, error, round trips)]."""
+              before=lambda i: None, notices: list[str] | None = None) -> list:
+    """Claim and run each input in turn on ONE executor session: [(output, error, round trips)];
+    ``notices``: gets the session's notices and warnings (the server logs its warnings too)."""
     oid = db.value("SELECT 'task'::regclass::oid")
     user = db.value("SELECT current_user")
 
     async def go() -> list:
         pool = SessionPool(db.dsn, user, "login")
         session = await pool.get(user)
+        if notices is not None:
+            session.conn.add_notice_handler(lambda diag: notices.append(f"{diag.severity}: {diag.message_primary}"))
         results = []
         try:
             for i, text in enumerate(inputs):
@@ -75,6 +78,18 @@ def test_plain_input_takes_one_round_trip_once_the_session_knows_spi(db, monkeyp
     assert second == ("2", None, 1)  # preamble + COMMIT + input in one query string
     rows = db.execute("SELECT state, start IS NOT NULL, pid IS NOT NULL FROM task ORDER BY id")
     assert rows == [("WORK", True, True)] * 2  # both started themselves (finishing is the service's)
+
+
+def test_the_one_trip_preamble_says_nothing(db, monkeypatch):
+    # Its COMMIT ends a block of its own: a bare COMMIT would end the query string's implicit
+    # transaction with a WARNING "there is no transaction in progress", written to the server log
+    # for every task. A failed one (lost lease) is rolled back before the session is used again.
+    trips, notices = Trips(monkeypatch), []
+    results = run_tasks(db, ["SELECT 1", "SELECT 2", "SELECT 3", "SELECT 4"], trips, break_lease_of=2,
+                        notices=notices)
+    assert [r[2] for r in results] == [2, 1, 3, 1]  # the refused one: + its ROLLBACK, then two trips
+    assert results[2][0] is NotStarted and results[3] == ("4", None, 1)
+    assert notices == []
 
 
 def test_one_round_trip_keeps_output_and_error_text(db, monkeypatch):
@@ -176,7 +191,7 @@ def test_a_lost_lease_runs_nothing(db, monkeypatch):
     trips = Trips(monkeypatch)
     results = run_tasks(db, ["SELECT 1", "INSERT INTO marker VALUES (1)"], trips, break_lease_of=1)
     assert results[1][0] is NotStarted
-    assert results[1][2] == 2  # the one-trip preamble refused, then the two-trip one said not started
+    assert results[1][2] == 3  # the one-trip preamble refused (and rolled back), then the two-trip one said not started
     assert db.value("SELECT count(*) FROM marker") == 0
     assert db.value("SELECT state FROM task ORDER BY id DESC LIMIT 1") == "TAKE"
 
@@ -263,7 +278,8 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
             await pool.discard(session)
 
     output, error = asyncio.run(go())
-    assert trips.take() == 1  # the one-trip string only: no second preamble, no input
+    assert trips.sent[1:] == ["ROLLBACK"]  # after the one-trip string only its block's end: no preamble, no input
+    assert trips.take() == 2
     assert output == ""
     assert error.startswith("ERROR:  canceling statement due to user request"), error
     assert db.value("SELECT count(*) FROM marker") == 0
@@ -308,7 +324,8 @@ def test_a_task_the_claim_started_on_a_session_runs_there_only_while_it_is_still
 
     results = asyncio.run(go())
     assert [(r[1], r[2]) for r in results] == [
-        (("INSERT 0 1", None), 2), (("INSERT 0 1", None), 1), (NotStarted, 2), (NotStarted, 2),
+        # refused: the one-trip string, its block's ROLLBACK, the two-trip preamble
+        (("INSERT 0 1", None), 2), (("INSERT 0 1", None), 1), (NotStarted, 3), (NotStarted, 3),
         (("INSERT 0 1", None), 1)], results
     assert sorted(r[0] for r in db.execute("SELECT id FROM ran")) == [results[i][0] for i in (0, 1, 4)]
     assert db.task(results[2][0])["state"] == "STOP"
