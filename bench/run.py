@@ -71,7 +71,6 @@ PROCESSES = os.cpu_count() or 1
 WARM = 320  # tasks a service runs before the timed burst of the "after a warm-up" row
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
-UNFINISHED = "('PLAN', 'TAKE', 'WORK')"  # a task's states before it ends
 
 
 def free_port() -> int:
@@ -236,7 +235,7 @@ class Bench:
         counting the finished ones 20 times a second (a scan growing with the burst: 4-5 % of the
         machine's CPU, taken from the service measured). The peers are waited for the same way."""
         deadline = time.monotonic() + timeout
-        while conn.execute(f"SELECT EXISTS (SELECT FROM task WHERE state IN {UNFINISHED})").fetchone()[0]:
+        while conn.execute("SELECT EXISTS (SELECT FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK'))").fetchone()[0]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"tasks not finished in {timeout}s")
             time.sleep(0.05)

@@ -93,6 +93,12 @@ def _int_array(values) -> str:
     return "'{" + ",".join(str(int(v)) for v in values) + "}'"
 
 
+def _claim_lock(claim: bool, oid: int, unlock) -> str:
+    """The EXECUTE of the prepared claim_lock: the table's claim lock when ``claim``, and the liveness
+    locks of the tasks ``unlock`` dropped (a claim pass, and the count/live reuse's claim)."""
+    return f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {int(oid)}, {_int_array(unlock)})"
+
+
 def _finish_arrays(finishes: list) -> dict[str, list]:
     """FINISH_PARAMS of pending finishes (kind, task, (output, error), future)."""
     return {"f_id": [t.id for _, t, _, _ in finishes], "f_attempt": [t.attempt for _, t, _, _ in finishes],
@@ -315,6 +321,11 @@ class Scheduler:
         await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(text))
         have[name] = version
 
+    def _flush_version(self) -> tuple[str, int]:
+        """What a flush statement is prepared for (see _prepared): the columns a repeat copies, and
+        the claim pass's planning round (planned on a small table, a flush's generic plan went bad)."""
+        return self.copy_columns, self.pass_plans
+
     async def claim_pass(self) -> tuple[int, float | None, bool]:
         """One round trip: BEGIN, [finishes,] expire (once per sleep), claim lock + unlock, claim,
         next, COMMIT.
@@ -361,7 +372,7 @@ class Scheduler:
                 ids, self.to_unlock = self.to_unlock, []
                 claim = room > 0 and self.options.limit > 0
                 if claim or ids:
-                    text.append(f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {oid}, {_int_array(ids)})".encode())
+                    text.append(_claim_lock(claim, oid, ids).encode())
                 if claim:
                     offers = self._offers(batch)
                     text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, "
@@ -437,7 +448,7 @@ class Scheduler:
         plan_cache_mode."""
         if not batch:
             return []
-        await self._prepared(self.control, "flush_finish", FINISH_PARAMS, (self.copy_columns, self.pass_plans))
+        await self._prepared(self.control, "flush_finish", FINISH_PARAMS, self._flush_version())
         escape = pq.Escaping(self.control.pgconn)
         values = _dump(self.pass_loader, FINISH_PARAMS, _finish_arrays(batch))
         args = b", ".join(escape.escape_literal(v) for v in values)
@@ -743,7 +754,7 @@ class Scheduler:
         connection (and per column set), its parameters sent as text and its rows read from libpq:
         half the service's CPU of psycopg's execute. Returns the (kind, id) rows; a failure raises
         the psycopg error."""
-        await self._prepared(conn, name, names, (self.copy_columns, self.pass_plans))
+        await self._prepared(conn, name, names, self._flush_version())
         await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), _dump(Transformer(conn), names, params))
         results, error = await wire.results(conn.pgconn)
         if error is not None:
@@ -812,10 +823,9 @@ class Scheduler:
                 await self._prepared(self.control, "claim_next", CLAIM_NEXT_PARAMS, self.pass_plans)
                 values = {"oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
                           "max": spawner_max, "done": done, "born": born}
-                cur = await self.control.execute(
-                    sql.SQL("EXECUTE pgtask_claim_lock(true, {}, '{{}}'); EXECUTE pgtask_claim_next({})").format(
-                        sql.Literal(self.oid),
-                        sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS)))
+                cur = await self.control.execute(sql.Composed([
+                    sql.SQL(_claim_lock(True, self.oid, ()) + "; EXECUTE pgtask_claim_next("),
+                    sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS), sql.SQL(")")]))
                 cur.nextset()  # claim_lock's row first
                 row = await cur.fetchone()
         except (psycopg.OperationalError, AttributeError):
