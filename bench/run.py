@@ -4,12 +4,18 @@
     .venv/bin/python -m bench.run --only pgtask   # a subset: names below, comma-separated
     .venv/bin/python -m bench.run --scale 0.3     # fewer tasks per run (a quick look)
 
-Sections (--only): pgbench, pgtask, peers, pickup, claim, remote.
+Sections (--only): paired, pgbench, pgtask, peers, pickup, claim, remote.
 
 How each figure is taken (all on the same cluster: synchronous_commit = on, fsync = on). Every
 throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (default 3): this kind of
 machine drifts by 10-20 % from minute to minute.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
+- paired: the two ratio goals, measured in --repeat rounds of pgbench -N, pgtask 16 groups and
+  pgqueuer (one process), back to back (under a minute a round); a ratio per round, the goal rows
+  take their medians. The sections below measure each figure --repeat times in a row, minutes
+  apart from the others: on this machine their ratio also measures its drift between them (they
+  are printed beside the paired figures; a goal falls back to them when there are no paired rounds,
+  or when another peer than pgqueuer in one process was the better one).
 - pgtask throughput (and, with no goal, 1,000 `SELECT 1` in 1,000 groups, a task each: a burst in
   many groups): `pgtask run` (its default: one process; 16 groups once more with `[pgtask]
   processes` = the machine's CPUs, no goal) is started as a subprocess on a fresh database and is
@@ -150,6 +156,7 @@ class Bench:
         self.rows: list[tuple[str, str, str]] = []  # (what, figure, ratio/notes)
         self.figures: dict[str, float] = {}
         self.counter = 0
+        self.pgbench_ready = False
 
     def n(self, count: int) -> int:
         return max(int(count * self.scale), 50)
@@ -177,23 +184,50 @@ class Bench:
 
     def record(self, key: str, what: str, value: float, unit: str, note: str = "") -> None:
         self.figures[key] = value
-        self.rows.append((what, f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}", note))
+        digits = 2 if unit == "x" else 1 if value < 100 else 0
+        self.rows.append((what, f"{value:,.{digits}f} {unit}", note))
         print(f"  {what}: {self.rows[-1][1]} {note}", flush=True)
 
     # -- pgbench -------------------------------------------------------------------------------
     def pgbench(self) -> None:
+        for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
+            self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", lambda flag=flag: (self.pgbench_tps(flag), ""))
+
+    def pgbench_tps(self, flag: str) -> float:
+        """One pgbench run (4 clients, 2 threads, 10 s) on the pgbench database (made once, scale 10)."""
         bindir = self.cluster.bindir
         env = {**os.environ, **self.cluster.env(), "PGDATABASE": "pgbench"}
-        with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE pgbench")
-        subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
-                       capture_output=True)
-        for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
-            def measure(flag: str = flag) -> tuple[float, str]:
-                out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
-                                     env=env, check=True, capture_output=True, text=True).stdout
-                return float(re.search(r"tps = ([\d.]+)", out).group(1)), ""
-            self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", measure)
+        if not self.pgbench_ready:
+            with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
+                conn.execute("CREATE DATABASE pgbench")
+            subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
+                           capture_output=True)
+            self.pgbench_ready = True
+        out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
+                             env=env, check=True, capture_output=True, text=True).stdout
+        return float(re.search(r"tps = ([\d.]+)", out).group(1))
+
+    # -- the two ratio goals, in paired rounds ---------------------------------------------------
+    def paired(self) -> None:
+        """--repeat rounds, each: pgbench -N, pgtask 16 groups `SELECT 1`, pgqueuer `SELECT 1` (one
+        process), back to back; each round's two ratios, and their medians for the goals. This
+        machine drifts by 10-40 % within minutes, so figures measured minutes apart (the sections
+        above) make a ratio of two phases; a round's three runs take under a minute."""
+        n, jobs = self.n(6000), self.n(4000)
+        rounds = []
+        for _ in range(self.repeat):
+            tps = self.pgbench_tps("-N")
+            rate = n / self.run_tasks(n, 16, 0, TRIVIAL).wall
+            peer = jobs / asyncio.run(self._pgqueuer(self.cluster.conninfo(self.database()), jobs, TRIVIAL))
+            rounds.append((tps, rate, peer))
+            print(f"  round: pgbench -N {tps:,.0f} TPS, pgtask {rate:,.0f} tasks/s, pgqueuer {peer:,.0f} jobs/s "
+                  f"({rate / tps:.2f} x, {rate / peer:.2f} x)", flush=True)
+        each = "; ".join(f"{r:,.0f}/{t:,.0f}/{p:,.0f}" for t, r, p in rounds)
+        self.record("paired_N", "16 groups / pgbench -N, paired rounds (median)",
+                    statistics.median(r / t for t, r, p in rounds), "x",
+                    f"(pgtask/pgbench -N/pgqueuer per round: {each})")
+        self.record("paired_peer", "16 groups / pgqueuer, paired rounds (median)",
+                    statistics.median(r / p for t, r, p in rounds), "x")
 
     # -- the service ---------------------------------------------------------------------------
     def service(self, dbname: str, processes: int = 1) -> subprocess.Popen:
@@ -527,12 +561,30 @@ class Bench:
         def info(what: str, value: float, note: str) -> None:
             out.append((what, f"{value:,.2f}", note))
 
+        # The goals from the paired rounds when there are any (see paired); the sections' medians,
+        # measured minutes apart, beside them.
+        apart = "(the sections' medians, minutes apart)"
+        if "paired_N" in f:
+            add("16-group trivial / pgbench -N, paired rounds", f["paired_N"], ">= 0.50", f["paired_N"] >= 0.5)
         if "g16" in f and "pgbench_N" in f:
             r = f["g16"] / f["pgbench_N"]
-            add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
+            if "paired_N" in f:
+                info("  the same", r, apart)
+            else:
+                add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
         peer = max(f.get("pgqueuer", 0), f.get("pgqueuer_mp", 0), f.get("procrastinate", 0))
+        # the paired rounds run pgqueuer in one process: the goal's peer unless another one was better
+        paired_peer = "paired_peer" in f and (not peer or peer == f.get("pgqueuer"))
+        if paired_peer:
+            add("16-group trivial / better peer (pgqueuer), paired rounds", f["paired_peer"], ">= 1.50",
+                f["paired_peer"] >= 1.5)
+        elif "paired_peer" in f:
+            info("16-group trivial / pgqueuer, paired rounds", f["paired_peer"], "(pgqueuer was not the better peer)")
         if "g16" in f and peer:
-            add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
+            if paired_peer:
+                info("  the same", f["g16"] / peer, apart)
+            else:
+                add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
         if "g16_mp" in f and peer:
             info(f"  the same with {PROCESSES} processes / better peer", f["g16_mp"] / peer, "(no goal)")
         if "g16_warm" in f and "g16" in f:
@@ -586,7 +638,7 @@ class Bench:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="pgbench,pgtask,peers,pickup,claim,remote")
+    parser.add_argument("--only", default="paired,pgbench,pgtask,peers,pickup,claim,remote")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--repeat", type=int, default=3, help="runs per throughput figure (the median is kept)")
     args = parser.parse_args()
