@@ -42,6 +42,10 @@ machine drifts by 10-20 % from minute to minute.
   --repeat rounds of (floor, pgtask); each figure is the median of its rounds.
 - idle RSS: the service's VmRSS after it is ready and 3 s idle (one scheduler).
 
+The cluster runs with huge_pages = off, or with --huge-pages on (as root the benchmark reserves the
+huge pages it needs in vm.nr_hugepages and gives them back at the end): a backend then starts with a
+fraction of the page faults (1,000 connections: about 4 ms of server CPU each without, see remote).
+
 Prints numbers; asserts nothing (a measurement, not a test).
 """
 
@@ -77,6 +81,7 @@ PROCESSES = os.cpu_count() or 1
 WARM = 320  # tasks a service runs before the timed burst of the "after a warm-up" row
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 
 def free_port() -> int:
@@ -149,8 +154,9 @@ def _pgqueuer_process(url: str, body: str, stop) -> None:
 
 
 class Bench:
-    def __init__(self, scale: float, repeat: int = 3):
-        self.scale, self.repeat = scale, repeat
+    def __init__(self, scale: float, repeat: int = 3, huge_pages: bool = False):
+        self.scale, self.repeat, self.huge_pages = scale, repeat, huge_pages
+        self.hugepages_before: int | None = None  # vm.nr_hugepages to restore (see start)
         self.base = Path(tempfile.mkdtemp(prefix="pgtask-bench-"))
         self.cluster = Cluster(base=self.base, bindir=debian_bindir(15), port=free_port())
         self.rows: list[tuple[str, str, str]] = []  # (what, figure, ratio/notes)
@@ -165,8 +171,34 @@ class Bench:
     def start(self) -> None:
         self.cluster.init({"max_connections": "1300", "synchronous_commit": "on", "fsync": "on",
                            "shared_buffers": "256MB", "log_min_messages": "warning",
-                           "max_wal_size": "4GB", "checkpoint_timeout": "30min"})
+                           "max_wal_size": "4GB", "checkpoint_timeout": "30min",
+                           "huge_pages": "on" if self.huge_pages else "off"})
+        if self.huge_pages:
+            self.reserve_huge_pages()
         self.cluster.start()
+
+    def reserve_huge_pages(self) -> None:
+        """--huge-pages: as many 2 MB pages reserved (vm.nr_hugepages) as the cluster's shared memory
+        needs, if fewer are; the previous count is restored by close()."""
+        need = int(self.cluster._run("postgres", "-D", str(self.cluster.data), "-C",
+                                     "shared_memory_size_in_huge_pages").stdout.strip())
+        have = int(NR_HUGEPAGES.read_text())
+        if have >= need:
+            return
+        try:
+            NR_HUGEPAGES.write_text(str(need))
+        except OSError as exc:
+            raise SystemExit(f"--huge-pages: the cluster needs {need} huge pages, {have} are reserved and "
+                             f"this user cannot reserve more ({exc}); as root: sysctl vm.nr_hugepages={need}")
+        self.hugepages_before = have
+        if int(NR_HUGEPAGES.read_text()) < need:
+            raise SystemExit(f"--huge-pages: the kernel reserved {NR_HUGEPAGES.read_text().strip()} of the "
+                             f"{need} huge pages the cluster needs (memory too fragmented?)")
+
+    def close(self) -> None:
+        self.cluster.destroy()
+        if self.hugepages_before is not None:
+            NR_HUGEPAGES.write_text(str(self.hugepages_before))
 
     def database(self, provision_task: bool = True) -> str:
         self.counter += 1
@@ -622,7 +654,8 @@ class Bench:
             version = conn.execute("SHOW server_version").fetchone()[0]
         print()
         print(f"machine: {os.cpu_count()} CPUs ({cpu}), {platform.platform()}, Python {platform.python_version()}, "
-              f"psycopg {psycopg.__version__}, PostgreSQL {version}, synchronous_commit = on, fsync = on")
+              f"psycopg {psycopg.__version__}, PostgreSQL {version}, synchronous_commit = on, fsync = on, "
+              f"huge_pages = {'on' if self.huge_pages else 'off'}")
         width = max(len(r[0]) for r in self.rows) + 2
         print(f"{'measurement':<{width}}{'figure':>18}  notes")
         for what, figure, note in self.rows:
@@ -641,18 +674,20 @@ def main() -> None:
     parser.add_argument("--only", default="paired,pgbench,pgtask,peers,pickup,claim,remote")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--repeat", type=int, default=3, help="runs per throughput figure (the median is kept)")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="run the cluster with huge_pages = on, reserving vm.nr_hugepages for it (root)")
     args = parser.parse_args()
-    b = Bench(args.scale, args.repeat)
-    b.start()
+    b = Bench(args.scale, args.repeat, args.huge_pages)
     t = time.monotonic()
     try:
+        b.start()
         for section in args.only.split(","):
             print(f"== {section}", flush=True)
             getattr(b, section.strip())()
         b.report()
         print(f"\n(total {time.monotonic() - t:.0f}s)")
     finally:
-        b.cluster.destroy()
+        b.close()
 
 
 if __name__ == "__main__":
