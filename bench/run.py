@@ -23,7 +23,9 @@ machine drifts by 10-20 % from minute to minute.
   then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL. 16 groups
   once more after a warm-up of WARM tasks run first by the same service (no goal: a service that
   has run before should be as fast as a fresh one; the tenth session found one 27 % slower).
-  Throughput = tasks / (max(stop) - insert time), both the database's clock. Next to it the CPU per
+  Throughput = tasks / (max(stop) - insert time), both the database's clock. Each run (and each
+  peer's) has a database of its own, dropped after it: left behind, its dead rows were vacuumed by
+  autovacuum during later runs, CPU counted in theirs. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
   run, minus the benchmark's waiting connection), and for 16 groups the bound the server's share
   sets: the rate if the service used no CPU (CPUs / server CPU per task).
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -214,6 +217,22 @@ class Bench:
             asyncio.run(go())
         return name
 
+    @contextlib.contextmanager
+    def scratch_database(self):
+        """A fresh database (database()) for one throughput run, dropped after it: left behind, its
+        dead rows would be vacuumed by autovacuum during a later run, and counted in its CPU."""
+        db = self.database()
+        try:
+            yield db
+        finally:
+            with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
+
+    def peer_rate(self, run, n: int, body: str) -> float:
+        """Jobs per second of a peer's ``run`` (see _pgqueuer) on a scratch database."""
+        with self.scratch_database() as db:
+            return n / asyncio.run(run(self.cluster.conninfo(db), n, body))
+
     def record(self, key: str, what: str, value: float, unit: str, note: str = "") -> None:
         self.figures[key] = value
         digits = 2 if unit == "x" else 1 if value < 100 else 0
@@ -250,7 +269,7 @@ class Bench:
         for _ in range(self.repeat):
             tps = self.pgbench_tps("-N")
             rate = n / self.run_tasks(n, 16, 0, TRIVIAL).wall
-            peer = jobs / asyncio.run(self._pgqueuer(self.cluster.conninfo(self.database()), jobs, TRIVIAL))
+            peer = self.peer_rate(self._pgqueuer, jobs, TRIVIAL)
             rounds.append((tps, rate, peer))
             print(f"  round: pgbench -N {tps:,.0f} TPS, pgtask {rate:,.0f} tasks/s, pgqueuer {peer:,.0f} jobs/s "
                   f"({rate / tps:.2f} x, {rate / peer:.2f} x)", flush=True)
@@ -337,39 +356,39 @@ class Bench:
 
     def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None,
                   processes: int = 1, warm: int = 0) -> Run:
-        """n tasks inserted at once into a fresh database with its own service; see Run. With
+        """n tasks inserted at once into a scratch database with its own service; see Run. With
         ``warm``, the service first runs that many tasks of the same kind: the wall time and the
         service's CPU are the burst's after them; the server's CPU covers both (its backends' CPU is
         known when they end)."""
-        db = self.database()
-        server0, children = self.postmaster_seconds(), self.postmaster_children()
-        proc = self.service(db, processes)
-        try:
-            with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
-                remote_value = remote.replace("DB", db) if remote else None
-                insert = ('INSERT INTO task ("group", "max", "input", "remote") '
-                          "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
-                          "RETURNING statement_timestamp()")
-                if warm:
-                    conn.execute(insert, (groups, max_, body, remote_value, warm))
-                    self.wait_done(conn, warm, timeout=300)
-                cpu0 = tree_cpu_seconds(proc.pid)
-                t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
-                self.wait_done(conn, n + warm, timeout=300)
-                wall, fails = conn.execute(
-                    "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
-                    "FROM task", (t0,)).fetchone()
-                if fails:
-                    err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
-                    print(f"  !! {fails} tasks not DONE, e.g. {err}")
-                own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
-            cpu = tree_cpu_seconds(proc.pid) - cpu0
-            hwm = proc_status(proc.pid, "VmHWM")
-        finally:
-            self.stop(proc)
-        self.wait_children_gone(children)
-        # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
-        return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own)
+        with self.scratch_database() as db:
+            server0, children = self.postmaster_seconds(), self.postmaster_children()
+            proc = self.service(db, processes)
+            try:
+                with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
+                    remote_value = remote.replace("DB", db) if remote else None
+                    insert = ('INSERT INTO task ("group", "max", "input", "remote") '
+                              "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
+                              "RETURNING statement_timestamp()")
+                    if warm:
+                        conn.execute(insert, (groups, max_, body, remote_value, warm))
+                        self.wait_done(conn, warm, timeout=300)
+                    cpu0 = tree_cpu_seconds(proc.pid)
+                    t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
+                    self.wait_done(conn, n + warm, timeout=300)
+                    wall, fails = conn.execute(
+                        "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
+                        "FROM task", (t0,)).fetchone()
+                    if fails:
+                        err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
+                        print(f"  !! {fails} tasks not DONE, e.g. {err}")
+                    own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
+                cpu = tree_cpu_seconds(proc.pid) - cpu0
+                hwm = proc_status(proc.pid, "VmHWM")
+            finally:
+                self.stop(proc)
+            self.wait_children_gone(children)
+            # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
+            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own)
 
     def postmaster_children(self) -> set[int]:
         return children(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
@@ -408,8 +427,7 @@ class Bench:
             runs.append(("procrastinate", "procrastinate (psycopg)", "concurrency 16", self._procrastinate))
             for key, what, how, run in runs:
                 self.repeated(f"{key}{suffix}", f"{what} {label}: {how}", "jobs/s",
-                              lambda run=run, n=n, body=body: (
-                                  n / asyncio.run(run(self.cluster.conninfo(self.database()), n, body)), ""))
+                              lambda run=run, n=n, body=body: (self.peer_rate(run, n, body), ""))
 
     async def _pgqueuer(self, dsn: str, n: int, body: str, processes: int = 1) -> float:
         """pgqueuer's wall time for n jobs: its worker in this process (concurrency 16), or in
