@@ -8,7 +8,7 @@ Sections (--only): paired, pgbench, pgtask, peers, pickup, claim, remote.
 
 How each figure is taken (all on the same cluster: synchronous_commit = on, fsync = on). Every
 throughput figure (pgbench, pgtask, peers) is the median of --repeat runs (default 3): this kind of
-machine drifts by 10-20 % from minute to minute.
+machine drifts by 10-40 % within minutes.
 - pgbench -N / -S: 4 clients, 2 threads, 10 s each, scale 10.
 - paired: the two ratio goals, measured in --repeat rounds of pgbench -N, pgtask 16 groups and
   pgqueuer (one process), back to back (under a minute a round); a ratio per round, the goal rows
@@ -199,9 +199,11 @@ class Bench:
                              f"{need} huge pages the cluster needs (memory too fragmented?)")
 
     def close(self) -> None:
-        self.cluster.destroy()
-        if self.hugepages_before is not None:
-            NR_HUGEPAGES.write_text(str(self.hugepages_before))
+        try:
+            self.cluster.destroy()
+        finally:
+            if self.hugepages_before is not None:
+                NR_HUGEPAGES.write_text(str(self.hugepages_before))
 
     def database(self, provision_task: bool = True) -> str:
         self.counter += 1
@@ -262,8 +264,8 @@ class Bench:
     def paired(self) -> None:
         """--repeat rounds, each: pgbench -N, pgtask 16 groups `SELECT 1`, pgqueuer `SELECT 1` (one
         process), back to back; each round's two ratios, and their medians for the goals. This
-        machine drifts by 10-40 % within minutes, so figures measured minutes apart (the sections
-        above) make a ratio of two phases; a round's three runs take under a minute."""
+        machine drifts by 10-40 % within minutes, so figures measured minutes apart (the other
+        sections) make a ratio of two phases; a round's three runs take under a minute."""
         n, jobs = self.n(6000), self.n(4000)
         rounds = []
         for _ in range(self.repeat):
