@@ -82,6 +82,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # pgqueuer both ways too (one process, concurrency 16; PROCESSES processes sharing the 16)
 PROCESSES = os.cpu_count() or 1
 WARM = 320  # tasks a service runs before the timed burst of the "after a warm-up" row
+G16_TASKS, PEER_JOBS = 6000, 4000  # a 16-group run's tasks, a peer run's jobs (paired rounds and sections)
 TRIVIAL = "SELECT 1"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
@@ -266,7 +267,7 @@ class Bench:
         process), back to back; each round's two ratios, and their medians for the goals. This
         machine drifts by 10-40 % within minutes, so figures measured minutes apart (the other
         sections) make a ratio of two phases; a round's three runs take under a minute."""
-        n, jobs = self.n(6000), self.n(4000)
+        n, jobs = self.n(G16_TASKS), self.n(PEER_JOBS)
         rounds = []
         for _ in range(self.repeat):
             tps = self.pgbench_tps("-N")
@@ -405,12 +406,12 @@ class Bench:
     def pgtask(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
-            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(6000), 16, 0, body)
+            self.tasks(f"g16{suffix}", f"pgtask {label}: 16 groups (max 0)", self.n(G16_TASKS), 16, 0, body)
             if body == TRIVIAL and PROCESSES > 1:  # no goal: the same with [pgtask] processes = the CPUs
-                self.tasks("g16_mp", f"pgtask {label}: 16 groups (max 0), {PROCESSES} processes", self.n(6000),
+                self.tasks("g16_mp", f"pgtask {label}: 16 groups (max 0), {PROCESSES} processes", self.n(G16_TASKS),
                            16, 0, body, PROCESSES)
             if body == TRIVIAL:  # no goal: a service that ran tasks before, as a real one has
-                self.tasks("g16_warm", f"pgtask {label}: 16 groups (max 0), after {WARM} tasks", self.n(6000),
+                self.tasks("g16_warm", f"pgtask {label}: 16 groups (max 0), after {WARM} tasks", self.n(G16_TASKS),
                            16, 0, body, warm=WARM)
             self.tasks(f"serial{suffix}", f"pgtask {label}: 1 serial group", self.n(2000), 1, 0, body)
             self.tasks(f"max15{suffix}", f"pgtask {label}: 1 group max 15", self.n(6000), 1, 15, body)
@@ -421,7 +422,7 @@ class Bench:
     def peers(self) -> None:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
-            n = self.n(4000)
+            n = self.n(PEER_JOBS)
             runs = [("pgqueuer", "pgqueuer (asyncpg)", "concurrency 16", self._pgqueuer)]
             if PROCESSES > 1:
                 runs.append(("pgqueuer_mp", "pgqueuer (asyncpg)", f"{PROCESSES} processes, concurrency 16 in all",
@@ -613,30 +614,26 @@ class Bench:
         def info(what: str, value: float, note: str) -> None:
             out.append((what, f"{value:,.2f}", note))
 
-        # The goals from the paired rounds when there are any (see paired); the sections' medians,
-        # measured minutes apart, beside them.
-        apart = "(the sections' medians, minutes apart)"
-        if "paired_N" in f:
-            add("16-group trivial / pgbench -N, paired rounds", f["paired_N"], ">= 0.50", f["paired_N"] >= 0.5)
-        if "g16" in f and "pgbench_N" in f:
-            r = f["g16"] / f["pgbench_N"]
-            if "paired_N" in f:
-                info("  the same", r, apart)
-            else:
-                add("16-group trivial / pgbench -N", r, ">= 0.50", r >= 0.5)
+        def goal(what: str, target: float, paired: float | None, apart: float | None) -> None:
+            """A ratio goal from the paired rounds when there are any (see paired), the ratio of the
+            sections' medians (measured minutes apart) beside it; else from the sections' medians."""
+            if paired is not None:
+                add(f"{what}, paired rounds", paired, f">= {target:.2f}", paired >= target)
+                if apart is not None:
+                    info("  the same", apart, "(the sections' medians, minutes apart)")
+            elif apart is not None:
+                add(what, apart, f">= {target:.2f}", apart >= target)
+
+        goal("16-group trivial / pgbench -N", 0.5, f.get("paired_N"),
+             f["g16"] / f["pgbench_N"] if "g16" in f and "pgbench_N" in f else None)
         peer = max(f.get("pgqueuer", 0), f.get("pgqueuer_mp", 0), f.get("procrastinate", 0))
-        # the paired rounds run pgqueuer in one process: the goal's peer unless another one was better
-        paired_peer = "paired_peer" in f and (not peer or peer == f.get("pgqueuer"))
-        if paired_peer:
-            add("16-group trivial / better peer (pgqueuer), paired rounds", f["paired_peer"], ">= 1.50",
-                f["paired_peer"] >= 1.5)
-        elif "paired_peer" in f:
+        peer_apart = f["g16"] / peer if "g16" in f and peer else None
+        if "paired_peer" in f and peer and peer != f.get("pgqueuer"):
+            # the paired rounds ran pgqueuer in one process, and another peer was the better one
             info("16-group trivial / pgqueuer, paired rounds", f["paired_peer"], "(pgqueuer was not the better peer)")
-        if "g16" in f and peer:
-            if paired_peer:
-                info("  the same", f["g16"] / peer, apart)
-            else:
-                add("16-group trivial / better peer", f["g16"] / peer, ">= 1.50", f["g16"] / peer >= 1.5)
+            goal("16-group trivial / better peer", 1.5, None, peer_apart)
+        else:
+            goal("16-group trivial / better peer (pgqueuer)", 1.5, f.get("paired_peer"), peer_apart)
         if "g16_mp" in f and peer:
             info(f"  the same with {PROCESSES} processes / better peer", f["g16_mp"] / peer, "(no goal)")
         if "g16_warm" in f and "g16" in f:

@@ -29,6 +29,5 @@ def host(rootfs):
     with nspawn.Container(rootfs, name, private_network=True) as c:
         # apt lists as old as a long-offline host's: the deploys set pgtask_apt_update_cache false
         # (no network here), and the role must then not refresh them however old they are
-        c.sh("touch -d '30 days ago' /var/lib/apt/lists && if [ -e {0} ]; then touch -d '30 days ago' {0}; fi"
-             .format("/var/lib/apt/periodic/update-success-stamp"))
+        c.sh("touch -c -d '30 days ago' /var/lib/apt/lists /var/lib/apt/periodic/update-success-stamp")
         yield c
