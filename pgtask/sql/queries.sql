@@ -71,7 +71,9 @@ WITH RECURSIVE keys AS (
     SELECT o.pid, f."user", f."group", row_number() OVER (PARTITION BY f."user", f."group" ORDER BY o.i) AS n
     FROM unnest(%(offer_pid)s::int4[], %(offer_id)s::bigint[]) WITH ORDINALITY AS o(pid, id, i)
     JOIN {table} f ON f."id" = o.id
-), matched AS (
+), matched AS MATERIALIZED (
+    -- computed once: inlined, it ran again for every chosen row (the generic plan's nested loop),
+    -- ~16 x 16 sorts and joins in a 16-group pass (about a quarter of the claim statement's time)
     SELECT c."id", o.pid FROM (
         SELECT "id", "user", "group", row_number() OVER (PARTITION BY "user", "group" ORDER BY "id") AS n
         FROM chosen WHERE "remote" IS NULL) c
