@@ -27,8 +27,9 @@ machine drifts by 10-40 % within minutes.
   peer's) has a database of its own, dropped after it: left behind, its dead rows were vacuumed by
   autovacuum during later runs, CPU counted in theirs. Next to it the CPU per
   task of the service process and of the server (the postmaster and every child it reaped over the
-  run, minus the benchmark's waiting connection), and for 16 groups the bound the server's share
-  sets: the rate if the service used no CPU (CPUs / server CPU per task).
+  run, minus the benchmark's waiting connection) -- and of the server's, the service's control
+  backends over the burst (the claim passes: the one serial step) --, and for 16 groups the bound
+  the server's share sets: the rate if the service used no CPU (CPUs / server CPU per task).
 - peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
   this process, started and idle; all jobs are enqueued in one batch call; wall time until every
   job is finished. Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
@@ -128,6 +129,7 @@ class Run(NamedTuple):
     hwm: float     # MB: the service's VmHWM
     cpu: float     # s: the service process
     server: float  # s: every PostgreSQL process (backends, autovacuum, WAL writer) but the bench's own
+    control: float  # s: of it, the service's control backends (its claim passes) over the burst
 
 
 async def _pgqueuer_worker(url: str, body: str, stopped, concurrency: int = 16) -> None:
@@ -349,7 +351,8 @@ class Bench:
             run = self.run_tasks(n, groups, max_, body, processes=processes, warm=warm)
             server.append(run.server / (n + warm) * 1e6)
             return n / run.wall, (f"(service CPU {run.cpu / run.wall:.0%} of one core, "
-                                  f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task)")
+                                  f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task, "
+                                  f"of it the control backend {run.control / n * 1e6:.0f})")
         self.repeated(key, what, "tasks/s", measure)
         self.figures[f"{key}_server_us"] = statistics.median(server)
 
@@ -375,9 +378,13 @@ class Bench:
                     if warm:
                         conn.execute(insert, (groups, max_, body, remote_value, warm))
                         self.wait_done(conn, warm, timeout=300)
-                    cpu0 = tree_cpu_seconds(proc.pid)
+                    controls = [pid for pid, in conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name LIKE 'pg\\_work %%'")]
+                    cpu0, control0 = tree_cpu_seconds(proc.pid), sum(map(running_seconds, controls))
                     t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
                     self.wait_done(conn, n + warm, timeout=300)
+                    control = sum(map(running_seconds, controls)) - control0
                     wall, fails = conn.execute(
                         "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
                         "FROM task", (t0,)).fetchone()
@@ -391,7 +398,7 @@ class Bench:
                 self.stop(proc)
             self.wait_children_gone(children)
             # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
-            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own)
+            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own, control)
 
     def postmaster_children(self) -> set[int]:
         return children(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
