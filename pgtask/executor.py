@@ -61,6 +61,7 @@ class Task:
     repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
     now: object = None
     session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
+    by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (Scheduler.finish)
     extra: dict = field(default_factory=dict)
 
     @classmethod

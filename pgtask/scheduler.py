@@ -273,11 +273,11 @@ class Scheduler:
                 timeout = self.options.sleep
                 try:
                     if not self.draining:
-                        claimed, next_in, blocked = await self.claim_pass()
+                        claimed, next_in, blocked, room_left = await self.claim_pass()
                         if next_in is not None:
                             timeout = min(timeout, max(next_in, 0.001))
                         if claimed:
-                            timeout = 0 if len(self.inflight) < self.options.run and not blocked else timeout
+                            timeout = 0 if room_left > 0 and not blocked else timeout
                     if time.monotonic() - last_reset >= self.options.reset_check:
                         last_reset = time.monotonic()
                         await self.reset_orphans()
@@ -326,7 +326,7 @@ class Scheduler:
         the claim pass's planning round (planned on a small table, a flush's generic plan went bad)."""
         return self.copy_columns, self.pass_plans
 
-    async def claim_pass(self) -> tuple[int, float | None, bool]:
+    async def claim_pass(self) -> tuple[int, float | None, bool, int]:
         """One round trip: BEGIN, [finishes,] expire (once per sleep), claim lock + unlock, claim,
         next, COMMIT.
 
@@ -346,7 +346,6 @@ class Scheduler:
         (a row lock on a finished row, another instance's claim lock): then, or if it fails in any
         other way, the finishes go to a flusher (see _flush) and the pass runs again without them.
         """
-        room = self.options.run - len(self.inflight)
         rows: list[dict] = []
         async with self.control_lock:
             # Planned again every reset_check seconds, and when claiming starts after a pass that
@@ -363,6 +362,8 @@ class Scheduler:
                 self.pass_loader = Transformer(self.control)
             pgconn, oid = self.control.pgconn, int(self.oid)
             batch = self._take_for_pass()
+            # the tasks whose finishes it writes first have ended when its claim runs
+            room = self.options.run - len(self.inflight) + len(batch)
             offers: dict[int, tuple[Task, Session]] = {}
             try:
                 text = [b"BEGIN", *(await self._pass_finishes(batch))]
@@ -393,9 +394,11 @@ class Scheduler:
                              errors.error_from_result(error, encoding=self.control.info.encoding))
                     self._give_back(batch)
                     self.wake.set()
-                    return 0, None, False
+                    return 0, None, False, 0
                 raise errors.error_from_result(error, encoding=self.control.info.encoding)
             if batch:
+                for _, task, _, _ in batch:
+                    task.by_pass = True
                 _resolve(batch, _matched([results.pop(0)]))
             loader = self.pass_loader
             if claim:
@@ -417,7 +420,10 @@ class Scheduler:
             self.dispatch(task, session)
         for _, session in offers.values():  # offered, not taken: idle (the finish is written)
             await self.sessions.put(session)
-        return len(rows), next_in, bool(blocked) and room > len(rows)
+        # blocked: due rows wait and this claim had room for more (a claim its row limit cut is not);
+        # the room left after it, counting the tasks whose finishes it wrote as ended
+        return (len(rows), next_in, bool(blocked) and room > len(rows) and len(rows) < self.options.limit,
+                room - len(rows))
 
     def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
         """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to
@@ -615,7 +621,9 @@ class Scheduler:
             return
         if not await self._submit("f", task, (output, error)):
             log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
-        self._release(task)
+        # written by a claim pass: that pass claimed after it, counting its room (see claim_pass),
+        # and a pass now would find nothing more
+        self._release(task, wake=not task.by_pass)
 
     # -- group commit ----------------------------------------------------------------------------
     # Writes of tasks starting or finishing at the same time share one statement and one commit: a
@@ -805,10 +813,13 @@ class Scheduler:
         return not lost
 
 
-    def _release(self, task: Task) -> None:
+    def _release(self, task: Task, wake: bool = True) -> None:
+        """The task ended here: its liveness lock is dropped by the next claim pass, which ``wake``
+        runs now (its group has room again)."""
         self.inflight.pop(task.id, None)
         self.to_unlock.append(task.id)
-        self.wake.set()
+        if wake:
+            self.wake.set()
 
     async def next_of_group(self, task: Task, spawner_max: int, done: int, born) -> Task | None:
         """The next task of the group for this session (caller holds control_lock)."""

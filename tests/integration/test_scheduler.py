@@ -201,6 +201,31 @@ def test_run_caps_tasks_in_flight(db, service_factory):
     assert db.value("SELECT max((SELECT count(*) FROM ran b WHERE b.at <= a.at AND b.until > a.at)) FROM ran a") == 2
 
 
+def test_a_claim_its_row_limit_cut_claims_the_rest_at_once(db, service_factory):
+    """pg_task.limit rows per claim: the next claim follows at once, not after pg_task.sleep (one
+    insert, one wake-up; the tasks run long, so no finish wakes the service meanwhile)."""
+    service_factory(db.name, "[pg_task]\nlimit = 2\nsleep = 60000\n")
+    ids = [r[0] for r in db.execute(
+        """INSERT INTO task (input, "group") SELECT 'SELECT pg_sleep(60)', 'g' || i FROM generate_series(1, 6) i
+           RETURNING id""")]
+    for task_id in ids:
+        db.wait_state(task_id, states=("WORK",), timeout=10)
+
+
+def test_run_one_goes_on_from_the_finishes_a_claim_pass_writes(db, service_factory):
+    """pg_task.run = 1: the claim pass that writes a task's finish counts its place as free and
+    starts the next task in the same transaction; nothing waits for pg_task.sleep."""
+    service_factory(db.name, "[pg_task]\nrun = 1\nsleep = 60000\n")
+    ids = [r[0] for r in db.execute(
+        """INSERT INTO task (input, "group") SELECT 'SELECT 1', 'g' || i FROM generate_series(1, 5) i
+           RETURNING id""")]
+    for task_id in ids:
+        assert db.wait_state(task_id, timeout=10)["state"] == "DONE"
+    # one at a time all along
+    assert db.value("SELECT count(*) FROM task a JOIN task b ON a.id < b.id "
+                    "WHERE a.start < b.stop AND b.start < a.stop") == 0
+
+
 def test_limit_zero_claims_nothing(db, service_factory):
     service_factory(db.name, "[pg_task]\nlimit = 0\n")
     task_id = db.insert("SELECT 1")
