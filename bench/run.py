@@ -380,7 +380,7 @@ class Bench:
                         self.wait_done(conn, warm, timeout=300)
                     controls = [pid for pid, in conn.execute(
                         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'pg\\_work %%'")]
+                        "AND application_name LIKE 'pg\\_work %'")]
                     cpu0, control0 = tree_cpu_seconds(proc.pid), sum(map(running_seconds, controls))
                     t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
                     self.wait_done(conn, n + warm, timeout=300)
