@@ -273,11 +273,11 @@ class Scheduler:
                 timeout = self.options.sleep
                 try:
                     if not self.draining:
-                        claimed, next_in, blocked, room_left = await self.claim_pass()
+                        claimed, next_in, again = await self.claim_pass()
                         if next_in is not None:
                             timeout = min(timeout, max(next_in, 0.001))
-                        if claimed:
-                            timeout = 0 if room_left > 0 and not blocked else timeout
+                        if claimed and again:
+                            timeout = 0
                     if time.monotonic() - last_reset >= self.options.reset_check:
                         last_reset = time.monotonic()
                         await self.reset_orphans()
@@ -326,7 +326,7 @@ class Scheduler:
         the claim pass's planning round (planned on a small table, a flush's generic plan went bad)."""
         return self.copy_columns, self.pass_plans
 
-    async def claim_pass(self) -> tuple[int, float | None, bool, int]:
+    async def claim_pass(self) -> tuple[int, float | None, bool]:
         """One round trip: BEGIN, [finishes,] expire (once per sleep), claim lock + unlock, claim,
         next, COMMIT.
 
@@ -394,7 +394,7 @@ class Scheduler:
                              errors.error_from_result(error, encoding=self.control.info.encoding))
                     self._give_back(batch)
                     self.wake.set()
-                    return 0, None, False, 0
+                    return 0, None, False
                 raise errors.error_from_result(error, encoding=self.control.info.encoding)
             if batch:
                 for _, task, _, _ in batch:
@@ -407,7 +407,7 @@ class Scheduler:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 rows = [dict(zip(names, row)) for row in loader.load_rows(0, res.ntuples, tuple)]
             loader.set_pgresult(results[-1])
-            next_in, blocked = loader.load_row(0, tuple)
+            next_in, due = loader.load_row(0, tuple)
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
         self.pass_replan = bool(rows) and self.pass_idle
         self.pass_idle = not rows and not self.inflight
@@ -420,10 +420,10 @@ class Scheduler:
             self.dispatch(task, session)
         for _, session in offers.values():  # offered, not taken: idle (the finish is written)
             await self.sessions.put(session)
-        # blocked: due rows wait and this claim had room for more (a claim its row limit cut is not);
-        # the room left after it, counting the tasks whose finishes it wrote as ended
-        return (len(rows), next_in, bool(blocked) and room > len(rows) and len(rows) < self.options.limit,
-                room - len(rows))
+        # (claimed, seconds to the next planned row, claim again at once): again when this claim left
+        # room (the tasks whose finishes it wrote counted as ended) and no due row waits for it, or
+        # its row limit (pg_task.limit) cut it
+        return len(rows), next_in, room > len(rows) and (not due or len(rows) >= self.options.limit)
 
     def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
         """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to
