@@ -69,13 +69,24 @@ class Task:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in row.items() if k in names and k != "extra"})
 
+    @classmethod
+    def from_rows(cls, names: list[str], rows) -> list[Task]:
+        """Tasks from result rows (tuples) whose columns are ``names`` (a claim's: it returns more)."""
+        keep = [(i, name) for i, name in enumerate(names) if name in cls.__dataclass_fields__ and name != "extra"]
+        return [cls(**{name: row[i] for i, name in keep}) for row in rows]
+
     @property
     def fence(self) -> dict:
         return {"id": self.id, "attempt": self.attempt, "lease": self.lease}
 
     def format(self) -> Format:
-        return Format(delimiter=self.delimiter, quote=self.quote, escape=self.escape, null=self.null,
-                      header=self.header, string=self.string)
+        return _format(self.delimiter, self.quote, self.escape, self.null, self.header, self.string)
+
+
+@functools.lru_cache(maxsize=256)
+def _format(delimiter: str, quote: str, escape: str, null: str, header: bool, string: bool) -> Format:
+    """A task's output format (immutable: one for all tasks formatting alike)."""
+    return Format(delimiter=delimiter, quote=quote, escape=escape, null=null, header=header, string=string)
 
 
 def refused_copy(text: str) -> str | None:

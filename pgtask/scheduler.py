@@ -346,7 +346,7 @@ class Scheduler:
         (a row lock on a finished row, another instance's claim lock): then, or if it fails in any
         other way, the finishes go to a flusher (see _flush) and the pass runs again without them.
         """
-        rows: list[dict] = []
+        tasks: list[Task] = []
         async with self.control_lock:
             # Planned again every reset_check seconds, and when claiming starts after a pass that
             # found nothing: a prepared statement keeps its generic plan until the table is next
@@ -405,17 +405,16 @@ class Scheduler:
                 res = results[-2]  # claim_lock's row came first; next's last
                 loader.set_pgresult(res)
                 names = [res.fname(i).decode() for i in range(res.nfields)]
-                rows = [dict(zip(names, row)) for row in loader.load_rows(0, res.ntuples, tuple)]
+                tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
             next_in, due = loader.load_row(0, tuple)
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
-        self.pass_replan = bool(rows) and self.pass_idle
-        self.pass_idle = not rows and not self.inflight
+        self.pass_replan = bool(tasks) and self.pass_idle
+        self.pass_idle = not tasks and not self.inflight
         for finished, _ in offers.values():  # its input is over: nothing of it to cancel on the session
             if (entry := self.inflight.get(finished.id)) is not None:
                 self.inflight[finished.id] = (entry[0], None)
-        for row in rows:
-            task = Task.from_row(row)
+        for task in tasks:
             _, session = offers.pop(task.session_pid, (None, None))
             self.dispatch(task, session)
         for _, session in offers.values():  # offered, not taken: idle (the finish is written)
@@ -423,7 +422,7 @@ class Scheduler:
         # (claimed, seconds to the next planned row, claim again at once): again when this claim left
         # room (the tasks whose finishes it wrote counted as ended) and no due row waits for it, or
         # its row limit (pg_task.limit) cut it
-        return len(rows), next_in, room > len(rows) and (not due or len(rows) >= self.options.limit)
+        return len(tasks), next_in, room > len(tasks) and (not due or len(tasks) >= self.options.limit)
 
     def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
         """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to

@@ -12,9 +12,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import pq
 
-from .output import Output
-
-E = pq.ExecStatus
+from .output import COMMAND_OK, COPY_BOTH, COPY_IN, COPY_OUT, FATAL_ERROR, SINGLE_TUPLE, TUPLES_OK, Output
 
 
 async def _wait(fd: int, write: bool = False) -> None:
@@ -95,41 +93,48 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
     await send(pgconn, text, encoding, single_row=True)
     error: pq.abc.PGresult | None = None
     in_rows = False
-    while skip and (res := await next_result(pgconn)) is not None:
-        if res.status == E.FATAL_ERROR:
-            while await next_result(pgconn) is not None:
-                pass
-            raise LeadFailed(res)
-        if res.status in (E.TUPLES_OK, E.COMMAND_OK):  # a statement's end (SINGLE_TUPLE: one of its rows)
-            skip -= 1
-    while (res := await next_result(pgconn)) is not None:
+    while True:
+        # every result that has arrived is taken here, without a coroutine call each
+        if pgconn.is_busy():
+            await _consume(pgconn)
+            continue
+        if (res := pgconn.get_result()) is None:
+            _check(pgconn)
+            return error
         status = res.status
-        if status == E.SINGLE_TUPLE:
+        if skip:
+            if status == FATAL_ERROR:
+                while await next_result(pgconn) is not None:
+                    pass
+                raise LeadFailed(res)
+            if status == TUPLES_OK or status == COMMAND_OK:  # a statement's end (SINGLE_TUPLE: one of its rows)
+                skip -= 1
+            continue
+        if status == SINGLE_TUPLE:
             # single-row mode: rows arrive one by one, so a huge result never sits in memory whole
             if not in_rows:
                 out.header(res)
                 in_rows = True
             out.row(res)
-        elif status == E.TUPLES_OK:
+        elif status == TUPLES_OK:
             in_rows = False
             out.result(res, local)  # zero rows left: only the DML tag, where one is printed
-        elif status == E.COPY_OUT:
-            await _copy_out(pgconn, out.raw, encoding)
-            tag = await next_result(pgconn)  # the COPY n tag: not printed, but may be an error
-            if tag is not None and tag.status == E.FATAL_ERROR and error is None:
-                error = tag
-        elif status in (E.COPY_IN, E.COPY_BOTH):
-            what = "COPY FROM STDIN" if status == E.COPY_IN else "COPY BOTH"
-            pgconn.put_copy_end(f"{what} is not supported".encode())
-            while pgconn.flush() != 0:
-                await _wait(pgconn.socket, write=True)
-        elif status == E.FATAL_ERROR:
+        elif status == FATAL_ERROR:
             in_rows = False
             if error is None:
                 error = res
+        elif status == COPY_OUT:
+            await _copy_out(pgconn, out.raw, encoding)
+            tag = await next_result(pgconn)  # the COPY n tag: not printed, but may be an error
+            if tag is not None and tag.status == FATAL_ERROR and error is None:
+                error = tag
+        elif status == COPY_IN or status == COPY_BOTH:
+            what = "COPY FROM STDIN" if status == COPY_IN else "COPY BOTH"
+            pgconn.put_copy_end(f"{what} is not supported".encode())
+            while pgconn.flush() != 0:
+                await _wait(pgconn.socket, write=True)
         else:
             out.result(res, local)
-    return error
 
 
 async def _copy_out(pgconn: pq.abc.PGconn, sink: Callable[[str], None], encoding: str) -> None:
@@ -150,9 +155,10 @@ async def results(pgconn: pq.abc.PGconn) -> tuple[list[pq.abc.PGresult], pq.abc.
     """Every result of the query sent: (those with rows, in order; the first error, or None)."""
     rows, error = [], None
     while (res := await next_result(pgconn)) is not None:
-        if res.status == E.TUPLES_OK:
+        status = res.status
+        if status == TUPLES_OK:
             rows.append(res)
-        elif res.status == E.FATAL_ERROR and error is None:
+        elif status == FATAL_ERROR and error is None:
             error = res
     return rows, error
 
