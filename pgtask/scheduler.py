@@ -42,6 +42,18 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
     t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
 
 
+# How the service's own statements on the task table (the control connection's, the writers') are
+# planned: on the indexes they are written for, whatever the statistics say. A queue's statistics
+# are often older than the queue: analyzed while it held no PLAN rows, with a burst inserted since,
+# the planner estimated one due row and read each group's whole backlog in another index's order and
+# sorted it (the claim: 44 ms for 16 rows instead of 1), scanned the whole table for a flush, read
+# every due row for the next deadline -- until autovacuum analyzed the table again. With sequential
+# scans, bitmap scans (which read a group's whole backlog too) and sorts off, the walks in the
+# indexes' own order are the plans; a sort a statement needs anyway costs the same in all its
+# plans. JIT is off: the disabled paths' costs would have every statement compiled (0.9 s a claim),
+# and none of them runs long enough to gain from it.
+PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off; SET jit = off"
+
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
 CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
 PASS_STATEMENTS = (("expire", ()), ("claim_lock", CLAIM_LOCK_PARAMS),
@@ -214,10 +226,9 @@ class Scheduler:
                     make_conninfo(self.conninfo, application_name=f"pg_work {self.entry.schema} "
                                   f"{self.entry.table} {int(self.options.sleep * 1000)}"),
                     autocommit=True, row_factory=dict_row, prepare_threshold=None)
-                # The claim walks each group's queue head in index order; a bitmap scan would read the
-                # group's whole backlog (see "claim" in queries.sql). Nothing this connection writes
+                # Its statements are planned with PLANNER_SETTINGS. Nothing this connection writes
                 # needs to wait for the WAL flush (claims, resets: see claim_pass).
-                await conn.execute("SET enable_bitmapscan = off; SET synchronous_commit = off")
+                await conn.execute(f"{PLANNER_SETTINGS}; SET synchronous_commit = off")
                 # Tasks still running here keep their liveness locks across a reconnect. A task that
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).
@@ -257,7 +268,7 @@ class Scheduler:
     async def _writer(conn: psycopg.AsyncConnection) -> None:
         # The batched writes take their rows as arrays: the planner's custom plans for them cost
         # more than running them (and look no better than the generic plan).
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"{PLANNER_SETTINGS}; SET plan_cache_mode = force_generic_plan")
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:

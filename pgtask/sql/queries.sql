@@ -171,11 +171,14 @@ UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NU
 FROM s WHERE t."id" = s."id" RETURNING t."id"
 
 -- next --
--- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
-SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
-                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
+-- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max). Each
+-- the first row of the plan index in its order (written so, not as min(), the plan stays that walk
+-- when the statistics count no PLAN rows: see PLANNER_SETTINGS in scheduler.py).
+SELECT extract(epoch FROM (SELECT "plan" FROM {table}
+                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan")
+                           ORDER BY "plan" LIMIT 1)
                           - statement_timestamp())::float8,
-       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
+       (SELECT "plan" FROM {table} WHERE "state" = 'PLAN' ORDER BY "plan" LIMIT 1) <= statement_timestamp()
 
 -- columns --
 -- Every live column except those a repeat sets itself (the manual's task_columns()).
