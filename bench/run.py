@@ -76,7 +76,7 @@ import psycopg
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir
-from pgtask.scheduler import render_query
+from pgtask.scheduler import PLANNER_SETTINGS, render_query
 
 ROOT = Path(__file__).resolve().parent.parent
 # 16 groups of pgtask run once more with [pgtask] processes = the CPUs (no goal: the default is one),
@@ -540,6 +540,7 @@ class Bench:
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             oid = conn.execute("SELECT 'public.task'::regclass::oid").fetchone()[0]
+            conn.execute(PLANNER_SETTINGS)  # as on the scheduler's control connection
 
             def fill(total: int) -> None:
                 have = conn.execute("SELECT count(*) FROM task").fetchone()[0]

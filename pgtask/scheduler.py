@@ -43,16 +43,10 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 
 
 # How the service's own statements on the task table (the control connection's, the writers') are
-# planned: on the indexes they are written for, whatever the statistics say. A queue's statistics
-# are often older than the queue: analyzed while it held no PLAN rows, with a burst inserted since,
-# the planner estimated one due row and read each group's whole backlog in another index's order and
-# sorted it (the claim: 44 ms for 16 rows instead of 1), scanned the whole table for a flush, read
-# every due row for the next deadline -- until autovacuum analyzed the table again. With sequential
-# scans, bitmap scans (which read a group's whole backlog too) and sorts off, the walks in the
-# indexes' own order are the plans; a sort a statement needs anyway costs the same in all its
-# plans. JIT is off: the disabled paths' costs would have every statement compiled (0.9 s a claim),
-# and none of them runs long enough to gain from it.
-PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_sort = off; SET jit = off"
+# planned: never a sequential scan of the table, nor a bitmap scan (it would read a group's whole
+# backlog, see "claim" in queries.sql), and no JIT (none of them runs long enough to gain from
+# compiling; a plan estimated on a large table would be compiled on every run).
+PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET jit = off"
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
 CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
@@ -188,6 +182,8 @@ class Scheduler:
         self.pass_plans = 0  # the claim pass's statements are prepared for this; see claim_pass
         self.pass_planned_at = 0.0
         self.pass_idle = self.pass_replan = False
+        self.analyzing: asyncio.Task | None = None  # see _refresh_statistics
+        self.analyzed_at = -float("inf")
         self.pass_loader: Transformer | None = None
         self._queries: dict[str, str] = {}
         # group commit of WORK transitions and finishes: (kind, task, payload, future)
@@ -422,6 +418,10 @@ class Scheduler:
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
         self.pass_replan = bool(tasks) and self.pass_idle
         self.pass_idle = not tasks and not self.inflight
+        if self.pass_replan and due and self.analyzing is None and \
+                time.monotonic() - self.analyzed_at >= self.STATISTICS_EVERY:
+            self.analyzing = asyncio.create_task(self._refresh_statistics(len(tasks)),
+                                                 name=f"statistics {self.entry.label()}")
         for finished, _ in offers.values():  # its input is over: nothing of it to cancel on the session
             if (entry := self.inflight.get(finished.id)) is not None:
                 self.inflight[finished.id] = (entry[0], None)
@@ -434,6 +434,33 @@ class Scheduler:
         # room (the tasks whose finishes it wrote counted as ended) and no due row waits for it, or
         # its row limit (pg_task.limit) cut it
         return len(tasks), next_in, room > len(tasks) and (not due or len(tasks) >= self.options.limit)
+
+    STATISTICS_EVERY = 60.0  # s: the statistics are looked at no more often (see _refresh_statistics)
+
+    async def _refresh_statistics(self, claimed: int) -> None:
+        """When claiming starts after an empty pass with more due rows than it claimed: if the
+        table's statistics count fewer PLAN rows than this claim took, analyze the table (on a
+        writer, beside the passes; at most once per STATISTICS_EVERY) and plan the pass again. A
+        queue's statistics are often older than the queue: analyzed while it held only finished
+        rows, or never (its partial indexes then count the rows they had when built: none), with a
+        burst inserted since, the planner estimated no due row and sorted each group's whole
+        backlog for a claim (44 ms for 16 rows instead of 1) and read every due row for the next
+        deadline -- until autovacuum analyzed the table, up to a minute later."""
+        try:
+            async with self.writers.connection() as conn:
+                cur = await conn.execute(self.q("planned_rows"), {"oid": self.oid})
+                row = await cur.fetchone()
+                if row is None or row[0] >= claimed:
+                    return
+                self.analyzed_at = time.monotonic()
+                await conn.execute(sql.SQL("ANALYZE {}").format(self.table))
+            log.info("%s: analyzed the table (its statistics counted %d planned rows, a claim took %d)",
+                     self.entry.label(), row[0], claimed)
+            self.pass_replan = True
+        except psycopg.Error as exc:
+            log.warning("%s: could not analyze the table (%s)", self.entry.label(), reason(exc))
+        finally:
+            self.analyzing = None
 
     def _offers(self, batch: list) -> dict[int, tuple[Task, Session]]:
         """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to
@@ -918,6 +945,9 @@ class Scheduler:
 
     async def close(self) -> None:
         self.stopping = True
+        if self.analyzing is not None:
+            self.analyzing.cancel()
+            await asyncio.gather(self.analyzing, return_exceptions=True)
         for t in list(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -171,14 +171,23 @@ UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NU
 FROM s WHERE t."id" = s."id" RETURNING t."id"
 
 -- next --
--- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max). Each
--- the first row of the plan index in its order (written so, not as min(), the plan stays that walk
--- when the statistics count no PLAN rows: see PLANNER_SETTINGS in scheduler.py).
-SELECT extract(epoch FROM (SELECT "plan" FROM {table}
-                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan")
-                           ORDER BY "plan" LIMIT 1)
+-- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
+SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
+                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                           - statement_timestamp())::float8,
-       (SELECT "plan" FROM {table} WHERE "state" = 'PLAN' ORDER BY "plan" LIMIT 1) <= statement_timestamp()
+       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
+
+-- planned_rows --
+-- The PLAN rows the planner's statistics count in the table: its row count times the frequency of
+-- PLAN among the state column's most common values (0 when PLAN is not one of them, or when the
+-- table was never analyzed: its partial indexes then count the rows they held when they were built,
+-- none for a table provisioned empty). No row when this role may not analyze the table (only a
+-- member of its owner's role may).
+SELECT greatest(c.reltuples, 0)::float8 * coalesce((
+    SELECT m.f FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS m(v, f)
+    WHERE s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'state' AND m.v = 'PLAN'), 0)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = %(oid)s::oid AND pg_has_role(c.relowner, 'USAGE')
 
 -- columns --
 -- Every live column except those a repeat sets itself (the manual's task_columns()).
