@@ -442,10 +442,10 @@ class Scheduler:
         table's statistics count fewer PLAN rows than this claim took, analyze the table (on a
         writer, beside the passes; at most once per STATISTICS_EVERY) and plan the pass again. A
         queue's statistics are often older than the queue: analyzed while it held only finished
-        rows, or never (its partial indexes then count the rows they had when built: none), with a
-        burst inserted since, the planner estimated no due row and sorted each group's whole
-        backlog for a claim (44 ms for 16 rows instead of 1) and read every due row for the next
-        deadline -- until autovacuum analyzed the table, up to a minute later."""
+        rows, with a burst inserted since, the planner estimated no due row and sorted each group's
+        whole backlog for a claim (44 ms for 16 rows instead of 1) and read every due row for the
+        next deadline -- until autovacuum analyzed the table again, up to a minute later. A table
+        never analyzed is left alone (see "planned_rows" in queries.sql)."""
         try:
             async with self.writers.connection() as conn:
                 cur = await conn.execute(self.q("planned_rows"), {"oid": self.oid})
