@@ -456,7 +456,8 @@ class Scheduler:
                 await conn.execute(sql.SQL("ANALYZE {}").format(self.table))
             log.info("%s: analyzed the table (its statistics counted %d planned rows, a claim took %d)",
                      self.entry.label(), row[0], claimed)
-            self.pass_replan = True
+            # the next pass plans again (not pass_replan: a pass in flight now resets that at its end)
+            self.pass_planned_at = -float("inf")
         except psycopg.Error as exc:
             log.warning("%s: could not analyze the table (%s)", self.entry.label(), reason(exc))
         finally:
