@@ -65,15 +65,15 @@ class Task:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict) -> Task:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in row.items() if k in names and k != "extra"})
-
-    @classmethod
     def from_rows(cls, names: list[str], rows) -> list[Task]:
-        """Tasks from result rows (tuples) whose columns are ``names`` (a claim's: it returns more)."""
+        """Tasks from result rows (sequences) whose columns are ``names`` (a claim's: it returns more)."""
         keep = [(i, name) for i, name in enumerate(names) if name in cls.__dataclass_fields__ and name != "extra"]
         return [cls(**{name: row[i] for i, name in keep}) for row in rows]
+
+    @classmethod
+    def from_row(cls, row: dict) -> Task:
+        """A Task from one result row as a dict (see from_rows)."""
+        return cls.from_rows(list(row), [list(row.values())])[0]
 
     @property
     def fence(self) -> dict:

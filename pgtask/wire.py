@@ -64,12 +64,23 @@ async def send_prepared(pgconn: pq.abc.PGconn, name: bytes, params: list[bytes |
         await _wait(pgconn.socket, write=True)
 
 
-async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-    while pgconn.is_busy():
-        await _consume(pgconn)
+_BUSY = object()  # _arrived: the next result has not arrived yet
+
+
+def _arrived(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | object | None:
+    """The next result if it has arrived (None: the query is over), else _BUSY -- a plain call,
+    for the loops that take every arrived result without a coroutine each (see run)."""
+    if pgconn.is_busy():
+        return _BUSY
     res = pgconn.get_result()
     if res is None:
         _check(pgconn)
+    return res
+
+
+async def next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    while (res := _arrived(pgconn)) is _BUSY:
+        await _consume(pgconn)
     return res
 
 
@@ -94,12 +105,10 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
     error: pq.abc.PGresult | None = None
     in_rows = False
     while True:
-        # every result that has arrived is taken here, without a coroutine call each
-        if pgconn.is_busy():
+        if (res := _arrived(pgconn)) is _BUSY:
             await _consume(pgconn)
             continue
-        if (res := pgconn.get_result()) is None:
-            _check(pgconn)
+        if res is None:
             return error
         status = res.status
         if skip:

@@ -8,6 +8,14 @@ from support import hold_claims
 from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, render_query
 
 
+async def explain_prepared(conn, execute: str) -> str:
+    """EXPLAIN of an EXECUTE of a statement the scheduler prepared on ``conn`` (its control
+    connection or a writer): the plan that statement runs with now."""
+    cur = conn.cursor(row_factory=psycopg.rows.tuple_row)
+    await cur.execute(f"EXPLAIN {execute}")
+    return "\n".join(r[0] for r in await cur.fetchall())
+
+
 def explain(db, name, params):
     text = render_query(name, "public", "task")
     with db.conn.cursor() as cur:
@@ -55,6 +63,7 @@ def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db):
     async def go() -> tuple[str, str, int]:
         sched = db.scheduler(run=16)
         await sched.start()
+        claim = f"EXECUTE pgtask_claim({sched.oid}, 1000, '{{}}', '{{}}')"
         hold_claims(sched)
         try:
             await sched.claim_pass()  # empty
@@ -62,19 +71,15 @@ def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db):
                        "FROM generate_series(1, 6000) i")
             analyzed = db.value("SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass")
             assert (await sched.claim_pass())[0] == 16
-            stale = await claim_plan(sched)
+            stale = await explain_prepared(sched.control, claim)
             assert sched.analyzing is not None
             await sched.analyzing
             await sched.claim_pass()  # planned again
-            fresh = await claim_plan(sched)
+            fresh = await explain_prepared(sched.control, claim)
             count = db.value("SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass")
             return stale, fresh, count - analyzed
         finally:
             await sched.close()
-
-    async def claim_plan(sched) -> str:
-        cur = await sched.control.execute(f"EXPLAIN EXECUTE pgtask_claim({sched.oid}, 1000, '{{}}', '{{}}')")
-        return "\n".join(next(iter(r.values())) for r in await cur.fetchall())
 
     stale, fresh, analyzes = asyncio.run(go())
     assert analyzes == 1
@@ -93,24 +98,23 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
         hold_claims(sched)
         try:
             await sched.claim_pass()  # empty: prepared and planned on an empty table
-            plans = [await next_plan(sched)]
+            plans = [await explain_prepared(sched.control, "EXECUTE pgtask_next")]
             db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
                        "FROM generate_series(1, 3000) i")
             assert (await sched.claim_pass())[0] == 4
             await sched.claim_pass()  # prepared again
-            plans.append(await next_plan(sched))
+            plans.append(await explain_prepared(sched.control, "EXECUTE pgtask_next"))
             return plans
         finally:
             await sched.close()
-
-    async def next_plan(sched) -> str:
-        cur = await sched.control.execute("EXPLAIN EXECUTE pgtask_next")
-        return "\n".join(next(iter(r.values())) for r in await cur.fetchall())
 
     before, after = asyncio.run(go())
     # PostgreSQL 15 plans the empty queue through task_queue_idx (this fails there without the new
     # PREPARE); 18 happens to pick task_plan_idx for the empty table too.
     assert "task_plan_idx" in after and "task_queue_idx" not in after, (before, after)
+
+
+FLUSH = "EXECUTE pgtask_flush_finish('{}', '{}', '{}', '{}', '{}')"
 
 
 def test_the_flushes_are_planned_again_with_the_pass(db):
@@ -129,20 +133,16 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
             await sched.claim_pass()  # empty
             async with sched.writers.connection() as writer:
                 await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
-                plans = [await flush_plan(writer)]
+                plans = [await explain_prepared(writer, FLUSH)]
                 db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
                            "FROM generate_series(1, 20000) i")
                 assert (await sched.claim_pass())[0] == 4
                 await sched.claim_pass()  # the pass is prepared again: so are the flushes, when next used
                 await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
-                plans.append(await flush_plan(writer))
+                plans.append(await explain_prepared(writer, FLUSH))
             return plans
         finally:
             await sched.close()
-
-    async def flush_plan(conn) -> str:
-        cur = await conn.execute("EXPLAIN EXECUTE pgtask_flush_finish('{}', '{}', '{}', '{}', '{}')")
-        return "\n".join(r[0] for r in await cur.fetchall())
 
     before, after = asyncio.run(go())
     assert "task_pkey" in after and "Seq Scan on task" not in after, (before, after)
