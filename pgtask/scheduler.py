@@ -445,7 +445,8 @@ class Scheduler:
         rows, with a burst inserted since, the planner estimated no due row and sorted each group's
         whole backlog for a claim (44 ms for 16 rows instead of 1) and read every due row for the
         next deadline -- until autovacuum analyzed the table again, up to a minute later. A table
-        never analyzed is left alone (see "planned_rows" in queries.sql)."""
+        never analyzed counts no PLAN row (see "planned_rows" in queries.sql): its first burst is
+        analyzed too."""
         try:
             async with self.writers.connection() as conn:
                 cur = await conn.execute(self.q("planned_rows"), {"oid": self.oid})

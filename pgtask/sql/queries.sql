@@ -179,15 +179,15 @@ SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
 
 -- planned_rows --
 -- The PLAN rows the planner's statistics count in the table: its row count times the frequency of
--- PLAN among the state column's most common values (0 when PLAN is not one of them). No row when the
--- table was never analyzed (the planner then estimates from its size, and autovacuum analyzes it
--- soon; analyzing it at the start of the first burst made that burst 6 percent slower) or when this role
--- may not analyze it (only a member of its owner's role may).
-SELECT c.reltuples::float8 * coalesce((
+-- PLAN among the state column's most common values (0 when PLAN is not one of them, or when the
+-- table was never analyzed: its partial indexes, built empty, then count no row either, and the
+-- claim sorted each group's whole backlog). No row when this role may not analyze it (only a
+-- member of its owner's role may).
+SELECT greatest(c.reltuples, 0)::float8 * coalesce((
     SELECT m.f FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS m(v, f)
     WHERE s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'state' AND m.v = 'PLAN'), 0)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = %(oid)s::oid AND c.reltuples >= 0 AND pg_has_role(c.relowner, 'USAGE')
+WHERE c.oid = %(oid)s::oid AND pg_has_role(c.relowner, 'USAGE')
 
 -- columns --
 -- Every live column except those a repeat sets itself (the manual's task_columns()).

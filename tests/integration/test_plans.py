@@ -3,6 +3,7 @@
 import asyncio
 
 import psycopg
+import pytest
 from support import hold_claims
 
 from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, render_query
@@ -48,17 +49,21 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     assert "Seq Scan on task" not in plan, plan
 
 
-def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db):
-    """Analyzed while the table held only finished rows, then a burst of 6,000 due rows in 16 groups:
-    the planner estimates no PLAN row, and sorted each group's whole backlog for a claim (44 ms
-    instead of 1) until autovacuum analyzed the table, up to a minute later. The first claim after
-    an empty pass that leaves due rows waiting finds the statistics counting fewer PLAN rows than it
-    took: the service analyzes the table, and the pass is planned again on the queue as it is."""
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed-finished", "never-analyzed"])
+def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db, analyzed):
+    """Analyzed while the table held only finished rows -- or never analyzed, its partial indexes
+    built empty -- then a burst of 6,000 due rows in 16 groups: the planner estimates no PLAN row,
+    and sorted each group's whole backlog for a claim (44 ms instead of 1) until autovacuum analyzed
+    the table, up to a minute later. The first claim after an empty pass that leaves due rows
+    waiting finds the statistics counting fewer PLAN rows than it took: the service analyzes the
+    table, and the pass is planned again on the queue as it is."""
     db.execute("ALTER TABLE task DISABLE TRIGGER USER")
     db.execute("INSERT INTO task (input, state, \"group\") SELECT 'SELECT 1', 'DONE', 'g' || i % 16 "
                "FROM generate_series(1, 320) i")
     db.execute("ALTER TABLE task ENABLE TRIGGER USER")
-    db.execute("ANALYZE task")
+    if analyzed:
+        db.execute("ANALYZE task")
+    assert db.value("SELECT reltuples >= 0 FROM pg_class WHERE oid = 'task'::regclass") == analyzed
 
     async def go() -> tuple[str, str, int]:
         sched = db.scheduler(run=16)
@@ -85,7 +90,9 @@ def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db):
     assert analyzes == 1
     heads = [line for line in fresh.splitlines() if "on task t_" in line]  # the skip scan, the heads
     assert len(heads) == 3 and all("Index Scan using task_queue_idx" in line for line in heads), (stale, fresh)
-    assert "Sort Key: (GREATEST(t_3.max, 0)) DESC, t_3.id" in stale, stale  # the plan it had before
+    if analyzed:  # the plan it had before (never analyzed, the planner's guess from the table's
+        # size picks either: here the queue index, after the benchmark's warm-up the sorting plan)
+        assert "Sort Key: (GREATEST(t_3.max, 0)) DESC, t_3.id" in stale, stale
 
 
 def test_the_pass_is_planned_again_when_claiming_starts(db):
