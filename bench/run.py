@@ -33,7 +33,8 @@ machine drifts by 10-40 % within minutes.
 - peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
   this process, started and idle; all jobs are enqueued in one batch call; wall = the last
   success's write (pgqueuer_log.created, procrastinate_events.at) - the time before the enqueue,
-  both the database's clock, as pgtask's (until the eleventh session: a 50 ms poll's). Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
+  both the database's clock, as pgtask's (before the fifteenth session: a 50 ms poll's end).
+  Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
   also in as many processes as pgtask uses (spawned, each with its 16-connection pool; pgqueuer's
   concurrency_limit is fleet-wide, so 16 jobs at once in all): the better of all peer figures is
   what the goal compares with.
