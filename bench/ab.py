@@ -1,0 +1,91 @@
+"""Two or more versions of the service, measured in interleaved rounds on one cluster.
+
+    git worktree add /tmp/before <commit>
+    .venv/bin/python -m bench.ab --rounds 4 before=/tmp/before after=.
+    .venv/bin/python -m bench.ab --rounds 4 --warm 320 before=/tmp/before after=.
+
+Each round runs every version once (the order reversed every other round), each run a fresh
+database and a fresh `pgtask run` whose code is the version's checkout (its directory goes first
+on the service's PYTHONPATH; the benchmark's own code is this checkout's). A run is the same as
+bench.run's "16 groups" figure: --tasks `SELECT 1` (or --body) over --groups groups inserted in one
+statement, after --warm tasks the service ran first. Printed per run and as medians: tasks/s and
+the CPU per task of the server, of its control backends (the claim passes) and of the service.
+
+This machine's speed drifts by 10-40 % within minutes: compare versions within rounds, and run
+enough rounds that the medians' difference is larger than the rounds' spread. A control: the same
+checkout twice (x=. y=.) gave medians 2,060 against 1,879 tasks/s, x ahead in all of 4 rounds (the
+fifteenth session) -- a 10 % difference in 4 rounds is not a finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+from bench.run import TRIVIAL, Bench
+
+
+def version(path: Path) -> str:
+    """The checkout's commit (and "+" when it has uncommitted changes), or "?"."""
+    try:
+        head = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty=+"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--tasks", type=int, default=6000)
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--max", type=int, default=0, help="each task's max (0: one at a time per group)")
+    parser.add_argument("--warm", type=int, default=0, help="tasks the service runs before the measured burst")
+    parser.add_argument("--body", default=TRIVIAL)
+    args = parser.parse_args()
+    versions = []
+    for spec in args.versions:
+        name, sep, checkout = spec.partition("=")
+        path = Path(checkout).resolve()
+        if not sep or not (path / "pgtask" / "__init__.py").is_file():
+            parser.error(f"{spec!r}: expected NAME=CHECKOUT, a directory holding pgtask/")
+        versions.append((name, path))
+    for name, path in versions:
+        print(f"{name}: {path} ({version(path)})")
+
+    bench = Bench(1.0, 1)
+    bench.start()
+    runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in versions}
+    try:
+        for r in range(args.rounds):
+            for name, path in versions if r % 2 == 0 else versions[::-1]:
+                saved = os.environ.get("PYTHONPATH")
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), saved]))
+                try:
+                    run = bench.run_tasks(args.tasks, args.groups, args.max, args.body, warm=args.warm)
+                finally:
+                    if saved is None:
+                        del os.environ["PYTHONPATH"]
+                    else:
+                        os.environ["PYTHONPATH"] = saved
+                n = args.tasks
+                figures = (n / run.wall, run.server / (n + args.warm) * 1e6, run.control / n * 1e6, run.cpu / n * 1e6)
+                runs[name].append(figures)
+                print(f"round {r + 1} {name}: {figures[0]:,.0f} tasks/s; server {figures[1]:.0f}, "
+                      f"control {figures[2]:.0f}, service {figures[3]:.0f} us/task", flush=True)
+    finally:
+        bench.close()
+    print("medians:")
+    for name, figures in runs.items():
+        med = [statistics.median(f[i] for f in figures) for i in range(4)]
+        print(f"  {name}: {med[0]:,.0f} tasks/s; server {med[1]:.0f}, control {med[2]:.0f}, "
+              f"service {med[3]:.0f} us/task ({len(figures)} runs)")
+
+
+if __name__ == "__main__":
+    main()
