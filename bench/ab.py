@@ -38,6 +38,12 @@ def version(path: Path) -> str:
     return head
 
 
+def figure(per_task) -> str:
+    """Run.per_task()'s four figures, as printed."""
+    rate, service, server, control = per_task
+    return f"{rate:,.0f} tasks/s; server {server:.0f}, control {control:.0f}, service {service:.0f} us/task"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
@@ -73,18 +79,14 @@ def main() -> None:
                         del os.environ["PYTHONPATH"]
                     else:
                         os.environ["PYTHONPATH"] = saved
-                n = args.tasks
-                figures = (n / run.wall, run.server / (n + args.warm) * 1e6, run.control / n * 1e6, run.cpu / n * 1e6)
-                runs[name].append(figures)
-                print(f"round {r + 1} {name}: {figures[0]:,.0f} tasks/s; server {figures[1]:.0f}, "
-                      f"control {figures[2]:.0f}, service {figures[3]:.0f} us/task", flush=True)
+                runs[name].append(run.per_task())
+                print(f"round {r + 1} {name}: {figure(run.per_task())}", flush=True)
     finally:
         bench.close()
     print("medians:")
     for name, figures in runs.items():
-        med = [statistics.median(f[i] for f in figures) for i in range(4)]
-        print(f"  {name}: {med[0]:,.0f} tasks/s; server {med[1]:.0f}, control {med[2]:.0f}, "
-              f"service {med[3]:.0f} us/task ({len(figures)} runs)")
+        print(f"  {name}: {figure([statistics.median(f[i] for f in figures) for i in range(4)])} "
+              f"({len(figures)} runs)")
 
 
 if __name__ == "__main__":

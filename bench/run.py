@@ -132,6 +132,13 @@ class Run(NamedTuple):
     cpu: float     # s: the service process
     server: float  # s: every PostgreSQL process (backends, autovacuum, WAL writer) but the bench's own
     control: float  # s: of it, the service's control backends (its claim passes) over the burst
+    tasks: int      # the burst's tasks
+    warm: int       # tasks the service ran before the burst (their server CPU is in ``server``)
+
+    def per_task(self) -> tuple[float, float, float, float]:
+        """Tasks/s, then CPU per task in us: the service's, the server's, its control backends'."""
+        return (self.tasks / self.wall, self.cpu / self.tasks * 1e6,
+                self.server / (self.tasks + self.warm) * 1e6, self.control / self.tasks * 1e6)
 
 
 async def _pgqueuer_worker(url: str, body: str, stopped, concurrency: int = 16) -> None:
@@ -155,6 +162,14 @@ async def _pgqueuer_worker(url: str, body: str, stopped, concurrency: int = 16) 
     qm.shutdown.set()
     await asyncio.wait_for(worker, 30)
     await pool.close()
+
+
+def _peer_wall(peer: str, n: int, done: int, t0, last) -> float:
+    """Seconds from ``t0`` to the peer's ``last`` success, both the database's clock (as pgtask's
+    max(stop)), once all ``n`` jobs are counted among its ``done`` successes."""
+    if done != n:
+        raise RuntimeError(f"{peer} recorded {done} successful jobs of {n}")
+    return (last - t0).total_seconds()
 
 
 def _pgqueuer_process(url: str, body: str, stop) -> None:
@@ -234,6 +249,15 @@ class Bench:
         finally:
             with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE "{db}" WITH (FORCE)')
+
+    def connect(self, dbname: str) -> psycopg.Connection:
+        """The benchmark's own connection to ``dbname``, its statements planned as the scheduler's
+        (PLANNER_SETTINGS): its probes stay on the task table's indexes -- wait_done's ran as a
+        sequential scan through the finished rows once the service had analyzed the table at a
+        burst's start (0.34 ms a poll instead of 0.06)."""
+        conn = psycopg.connect(self.cluster.conninfo(dbname), autocommit=True)
+        conn.execute(PLANNER_SETTINGS)
+        return conn
 
     def peer_rate(self, run, n: int, body: str) -> float:
         """Jobs per second of a peer's ``run`` (see _pgqueuer) on a scratch database."""
@@ -325,11 +349,8 @@ class Bench:
         """Until no task is left to run, then check that n are done (DONE/FAIL/GONE). The waiting
         connection asks whether any row is unfinished -- a probe of the state index -- rather than
         counting the finished ones 20 times a second (a scan growing with the burst: 4-5 % of the
-        machine's CPU, taken from the service measured). The peers are waited for the same way.
-        With the scheduler's planner settings: once the service has analyzed the table at the
-        burst's start, the planner would read the probe as a sequential scan through the finished
-        rows (0.3-1.5 ms a poll instead of 0.1)."""
-        conn.execute(PLANNER_SETTINGS)
+        machine's CPU, taken from the service measured; ``conn`` from connect()). The peers are
+        waited for the same way."""
         deadline = time.monotonic() + timeout
         while conn.execute("SELECT EXISTS (SELECT FROM task WHERE state IN ('PLAN', 'TAKE', 'WORK'))").fetchone()[0]:
             if time.monotonic() > deadline:
@@ -355,10 +376,10 @@ class Bench:
 
         def measure() -> tuple[float, str]:
             run = self.run_tasks(n, groups, max_, body, processes=processes, warm=warm)
-            server.append(run.server / (n + warm) * 1e6)
-            return n / run.wall, (f"(service CPU {run.cpu / run.wall:.0%} of one core, "
-                                  f"{run.cpu / n * 1e6:.0f} us/task; server {server[-1]:.0f} us/task, "
-                                  f"of it the control backend {run.control / n * 1e6:.0f})")
+            rate, service, server_us, control = run.per_task()
+            server.append(server_us)
+            return rate, (f"(service CPU {run.cpu / run.wall:.0%} of one core, {service:.0f} us/task; "
+                          f"server {server_us:.0f} us/task, of it the control backend {control:.0f})")
         self.repeated(key, what, "tasks/s", measure)
         self.figures[f"{key}_server_us"] = statistics.median(server)
 
@@ -376,7 +397,7 @@ class Bench:
             server0, children = self.postmaster_seconds(), self.postmaster_children()
             proc = self.service(db, processes)
             try:
-                with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
+                with self.connect(db) as conn:
                     remote_value = remote.replace("DB", db) if remote else None
                     insert = ('INSERT INTO task ("group", "max", "input", "remote") '
                               "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
@@ -404,7 +425,7 @@ class Bench:
                 self.stop(proc)
             self.wait_children_gone(children)
             # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
-            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own, control)
+            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own, control, n, warm)
 
     def postmaster_children(self) -> set[int]:
         return children(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
@@ -471,12 +492,9 @@ class Bench:
         await Queries(AsyncpgDriver(setup)).enqueue(["job"] * n, [None] * n, [0] * n)
         while await setup.fetchval("SELECT EXISTS (SELECT FROM pgqueuer WHERE status IN ('queued', 'picked'))"):
             await asyncio.sleep(0.05)
-        # the last completion's write, database clock (as pgtask's stop), not the 50 ms poll
         done, last = await setup.fetchrow("SELECT count(*), max(created) FROM pgqueuer_log "
                                           "WHERE status = 'successful'")
-        if done != n:
-            raise RuntimeError(f"pgqueuer logged {done} successful jobs of {n}")
-        wall = (last - t0).total_seconds()
+        wall = _peer_wall("pgqueuer", n, done, t0, last)
         stop.set()
         if processes == 1:
             await asyncio.wait_for(workers[0], 30)
@@ -512,12 +530,9 @@ class Bench:
                 while (await (await conn.execute(
                         "SELECT EXISTS (SELECT FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))")).fetchone())[0]:
                     await asyncio.sleep(0.05)
-                # the last success's event, database clock (as pgtask's stop), not the 50 ms poll
                 done, last = await (await conn.execute(
                     "SELECT count(*), max(at) FROM procrastinate_events WHERE type = 'succeeded'")).fetchone()
-            if done != n:
-                raise RuntimeError(f"procrastinate recorded {done} succeeded jobs of {n}")
-            wall = (last - t0).total_seconds()
+            wall = _peer_wall("procrastinate", n, done, t0, last)
             worker.cancel()
             try:
                 await asyncio.wait_for(worker, 30)
@@ -532,7 +547,7 @@ class Bench:
         proc = self.service(db)
         n = max(self.n(300), 200)
         try:
-            with psycopg.connect(self.cluster.conninfo(db), autocommit=True) as conn:
+            with self.connect(db) as conn:
                 for _ in range(n):
                     conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
                     time.sleep(0.02)
@@ -549,14 +564,12 @@ class Bench:
     # -- claim cost ----------------------------------------------------------------------------
     def claim(self) -> None:
         db = self.database()
-        dsn = self.cluster.conninfo(db)
 
         def q(name: str) -> str:
             return render_query(name, "public", "task")
 
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with self.connect(db) as conn:  # planned as on the scheduler's control connection
             oid = conn.execute("SELECT 'public.task'::regclass::oid").fetchone()[0]
-            conn.execute(PLANNER_SETTINGS)  # as on the scheduler's control connection
 
             def fill(total: int) -> None:
                 have = conn.execute("SELECT count(*) FROM task").fetchone()[0]

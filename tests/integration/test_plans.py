@@ -74,7 +74,7 @@ def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db, 
             await sched.claim_pass()  # empty
             db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 16 "
                        "FROM generate_series(1, 6000) i")
-            analyzed = db.value("SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass")
+            before = db.value("SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass")
             assert (await sched.claim_pass())[0] == 16
             stale = await explain_prepared(sched.control, claim)
             assert sched.analyzing is not None
@@ -82,7 +82,7 @@ def test_statistics_older_than_the_queue_are_refreshed_when_claiming_starts(db, 
             await sched.claim_pass()  # planned again
             fresh = await explain_prepared(sched.control, claim)
             count = db.value("SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass")
-            return stale, fresh, count - analyzed
+            return stale, fresh, count - before
         finally:
             await sched.close()
 
