@@ -181,8 +181,9 @@ class Scheduler:
         self.prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.pass_plans = 0  # the claim pass's statements are prepared for this; see claim_pass
         self.pass_planned_at = 0.0
-        self.pass_idle = self.pass_replan = False
-        self.analyzing: asyncio.Task | None = None  # see _refresh_statistics
+        # the pass before found nothing (as none before the first): see claim_pass
+        self.pass_idle, self.pass_replan = True, False
+        self.analyzing: asyncio.Task | None = None  # see _check_statistics
         self.analyzed_at = -float("inf")
         self.pass_loader: Transformer | None = None
         self._queries: dict[str, str] = {}
@@ -355,6 +356,8 @@ class Scheduler:
         """
         tasks: list[Task] = []
         async with self.control_lock:
+            if self.pass_idle:  # claiming may start: do the planner's statistics describe the queue?
+                await self._check_statistics()
             # Planned again every reset_check seconds, and when claiming starts after a pass that
             # found nothing: a prepared statement keeps its generic plan until the table is next
             # analyzed, and one planned on an empty queue can be poor for the burst that follows
@@ -418,10 +421,6 @@ class Scheduler:
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
         self.pass_replan = bool(tasks) and self.pass_idle
         self.pass_idle = not tasks and not self.inflight
-        if self.pass_replan and due and self.analyzing is None and \
-                time.monotonic() - self.analyzed_at >= self.STATISTICS_EVERY:
-            self.analyzing = asyncio.create_task(self._refresh_statistics(len(tasks)),
-                                                 name=f"statistics {self.entry.label()}")
         for finished, _ in offers.values():  # its input is over: nothing of it to cancel on the session
             if (entry := self.inflight.get(finished.id)) is not None:
                 self.inflight[finished.id] = (entry[0], None)
@@ -435,29 +434,46 @@ class Scheduler:
         # its row limit (pg_task.limit) cut it
         return len(tasks), next_in, room > len(tasks) and (not due or len(tasks) >= self.options.limit)
 
-    STATISTICS_EVERY = 60.0  # s: the statistics are looked at no more often (see _refresh_statistics)
+    # The statistics are looked at (_check_statistics) no more often than STATISTICS_EVERY seconds;
+    # the table is analyzed when at least STATISTICS_DUE rows are due and the statistics count fewer
+    # PLAN rows than are due (counted up to STATISTICS_BOUND); the claim waits up to ANALYZE_WAIT
+    # seconds for the ANALYZE.
+    STATISTICS_EVERY = 60.0
+    STATISTICS_DUE = 256
+    STATISTICS_BOUND = 1000
+    ANALYZE_WAIT = 0.25
 
-    async def _refresh_statistics(self, claimed: int) -> None:
-        """When claiming starts after an empty pass with more due rows than it claimed: if the
-        table's statistics count fewer PLAN rows than this claim took, analyze the table (on a
-        writer, beside the passes; at most once per STATISTICS_EVERY) and plan the pass again. A
-        queue's statistics are often older than the queue: analyzed while it held only finished
-        rows, with a burst inserted since, the planner estimated no due row and sorted each group's
-        whole backlog for a claim (44 ms for 16 rows instead of 1) and read every due row for the
-        next deadline -- until autovacuum analyzed the table again, up to a minute later. A table
-        never analyzed counts no PLAN row (see "planned_rows" in queries.sql): its first burst is
-        analyzed too."""
+    async def _check_statistics(self) -> None:
+        """Before a claim that may start a burst (the pass before found nothing): if the table's
+        statistics count fewer PLAN rows than are due -- analyzed while it held only finished rows,
+        or never analyzed, with a burst inserted since -- analyze it (on a writer) and plan the pass
+        again. On such statistics the planner estimates almost no PLAN row, and the claim chose
+        plans whose cost grows with the due rows times the groups: each group's head read through
+        the plan index, every due row for every group (1,000 groups of a task each: 0.2-0.45 s for
+        one claim, 3,000 groups 3.7 s, holding the claim lock), or each group's whole backlog sorted
+        (44 ms a claim for 16 rows instead of 1) -- until autovacuum analyzed the table, up to a
+        minute later. The claim waits for the ANALYZE up to ANALYZE_WAIT (a large table's sample
+        can take longer; the pass after it is planned again then). Below STATISTICS_DUE due rows
+        even those plans cost a few milliseconds, once: no ANALYZE for a trickle of tasks."""
+        if self.analyzing is not None or time.monotonic() - self.analyzed_at < self.STATISTICS_EVERY:
+            return
+        cur = await self.control.execute(self.q("statistics"), {"oid": self.oid, "bound": self.STATISTICS_BOUND})
+        row = await cur.fetchone()
+        if row is None or row["due"] < self.STATISTICS_DUE or row["planned"] >= row["due"]:
+            return
+        self.analyzed_at = time.monotonic()
+        self.analyzing = asyncio.create_task(self._analyze(row["planned"], row["due"]), name=f"statistics {self.entry.label()}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.analyzing), self.ANALYZE_WAIT)
+
+    async def _analyze(self, planned: float, due: int) -> None:
+        """ANALYZE the table on a writer (SKIP_LOCKED: if autovacuum holds it, it is analyzing or
+        vacuuming it now) and have the next pass planned again."""
         try:
             async with self.writers.connection() as conn:
-                cur = await conn.execute(self.q("planned_rows"), {"oid": self.oid})
-                row = await cur.fetchone()
-                if row is None or row[0] >= claimed:
-                    return
-                self.analyzed_at = time.monotonic()
-                await conn.execute(sql.SQL("ANALYZE {}").format(self.table))
-            log.info("%s: analyzed the table (its statistics counted %d planned rows, a claim took %d)",
-                     self.entry.label(), row[0], claimed)
-            # the next pass plans again (not pass_replan: a pass in flight now resets that at its end)
+                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(self.table))
+            log.info("%s: analyzed the table (its statistics counted %d planned rows, %s%d were due)",
+                     self.entry.label(), planned, "at least " if due >= self.STATISTICS_BOUND else "", due)
             self.pass_planned_at = -float("inf")
         except psycopg.Error as exc:
             log.warning("%s: could not analyze the table (%s)", self.entry.label(), reason(exc))

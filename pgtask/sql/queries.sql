@@ -177,15 +177,18 @@ SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                           - statement_timestamp())::float8,
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
 
--- planned_rows --
--- The PLAN rows the planner's statistics count in the table: its row count times the frequency of
--- PLAN among the state column's most common values (0 when PLAN is not one of them, or when the
--- table was never analyzed: its partial indexes, built empty, then count no row either, and the
--- claim sorted each group's whole backlog). No row when this role may not analyze it (only a
--- member of its owner's role may).
+-- statistics --
+-- Whether the planner's statistics describe the queue, looked at before claiming starts after an
+-- empty pass: the PLAN rows they count -- the table's row count times the frequency of PLAN among
+-- the state column's most common values (0 when PLAN is not one of them, or when the table was
+-- never analyzed: its partial indexes, built empty, then count no row either) -- and the due PLAN
+-- rows there are now, counted up to %(bound)s. No row when this role may not analyze the table
+-- (only a member of its owner's role may).
 SELECT greatest(c.reltuples, 0)::float8 * coalesce((
     SELECT m.f FROM pg_stats s, unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS m(v, f)
-    WHERE s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'state' AND m.v = 'PLAN'), 0)
+    WHERE s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'state' AND m.v = 'PLAN'), 0) AS planned,
+    (SELECT count(*) FROM (SELECT FROM {table} t WHERE t."state" = 'PLAN' AND t."plan" <= statement_timestamp()
+                          LIMIT %(bound)s) d) AS due
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = %(oid)s::oid AND pg_has_role(c.relowner, 'USAGE')
 
@@ -210,8 +213,9 @@ WITH sync AS MATERIALIZED (SELECT set_config('synchronous_commit', %(sync)s, tru
     UPDATE {table} t SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = b.pid
     FROM unnest(%(w_id)s::bigint[], %(w_attempt)s::int4[], %(w_lease)s::uuid[], %(w_pid)s::int4[])
          AS b(id, attempt, lease, pid)
-    -- WORK too: a retry after a lost connection may find its own first attempt committed
-    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease AND t."state" IN ('TAKE', 'WORK')
+    -- WORK too: a retry after a lost connection may find its own first attempt committed. The state
+    -- is compared as text, as in flush_finished (the row is found by its id).
+    WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease AND t."state"::text IN ('TAKE', 'WORK')
     RETURNING t."id"
 ), f AS (
     {flush_finished}
@@ -250,7 +254,10 @@ UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state"
 FROM unnest(%(f_id)s::bigint[], %(f_attempt)s::int4[], %(f_lease)s::uuid[], %(f_output)s::text[],
             %(f_error)s::text[]) AS b(id, attempt, lease, output, error)
 WHERE t."id" = b.id AND t."attempt" = b.attempt AND t."lease" = b.lease
-  AND t."state" IN ('TAKE', 'WORK', 'STOP')
+  -- Compared as text, the state cannot be read through the state index: each row is found by its
+  -- id. Planned on statistics that count no running row (the table analyzed as a burst starts),
+  -- the batch was joined to every TAKE/WORK/STOP entry of that index instead, for every flush.
+  AND t."state"::text IN ('TAKE', 'WORK', 'STOP')
 RETURNING t.*
 
 -- flush_delete --
