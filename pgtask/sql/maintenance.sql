@@ -92,7 +92,7 @@ WHERE t."id" = d."id" AND d."id" NOT IN (SELECT "id" FROM blocked)
 DELETE FROM {keys} k WHERE k."key" IN (
     SELECT r."key" FROM {keys} r
     WHERE r."expires" <= coalesce(%(now)s, statement_timestamp())
-      AND NOT EXISTS (SELECT FROM {table} t WHERE t."id" = r."task" AND t."state" IN ('PLAN', 'TAKE', 'WORK'))
+      AND NOT EXISTS (SELECT FROM {table} t WHERE t."id" = r."task" AND t."state"::text IN ('PLAN', 'TAKE', 'WORK'))
     ORDER BY r."expires"
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED)

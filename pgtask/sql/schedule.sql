@@ -172,7 +172,7 @@ BEGIN
         ON CONFLICT ("key") DO UPDATE
             SET "task" = excluded."task", "created" = excluded."created", "expires" = excluded."expires"
             WHERE r."expires" <= statement_timestamp() AND NOT EXISTS (
-                SELECT FROM {table} t WHERE t."id" = r."task" AND t."state" IN ('PLAN', 'TAKE', 'WORK'))
+                SELECT FROM {table} t WHERE t."id" = r."task" AND t."state"::text IN ('PLAN', 'TAKE', 'WORK'))
         RETURNING r."task" INTO held;
         IF held IS NULL THEN
             SELECT r."task" INTO held FROM {keys} r WHERE r."key" = $2;

@@ -82,13 +82,14 @@ CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION 
 -- A local task's executor session marks its own task WORK -- state, start, its backend pid -- in
 -- the round trip of the session preamble, fenced on attempt + lease like every write of the
 -- service. Only a session whose login role may act as the task's role passes: the task's author,
--- or the service in execute_as = set_role.
+-- or the service in execute_as = set_role. The state is compared as text: the row is read through
+-- the primary key whatever the statistics say (see the head of queries.sql).
 CREATE OR REPLACE FUNCTION {fn}(task_id bigint, task_attempt integer, task_lease uuid) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
     UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = pg_backend_pid()
     WHERE "id" = task_id AND "attempt" = task_attempt AND "lease" = task_lease
-      AND "state" IN ('TAKE', 'WORK') AND pg_has_role(session_user, "user", 'MEMBER');
+      AND "state"::text IN ('TAKE', 'WORK') AND pg_has_role(session_user, "user", 'MEMBER');
     RETURN FOUND;
 END
 $body$
@@ -102,7 +103,7 @@ CREATE OR REPLACE FUNCTION {fn}(task_id bigint, task_attempt integer, task_lease
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
     RETURN EXISTS (SELECT FROM {table} WHERE "id" = task_id AND "attempt" = task_attempt
-                   AND "lease" = task_lease AND "state" = 'WORK' AND "pid" = pg_backend_pid()
+                   AND "lease" = task_lease AND "state"::text = 'WORK' AND "pid" = pg_backend_pid()
                    AND pg_has_role(session_user, "user", 'MEMBER'));
 END
 $body$
