@@ -457,12 +457,19 @@ class Scheduler:
         even those plans cost a few milliseconds, once: no ANALYZE for a trickle of tasks."""
         if self.analyzing is not None or time.monotonic() - self.analyzed_at < self.STATISTICS_EVERY:
             return
-        cur = await self.control.execute(self.q("statistics"), {"oid": self.oid, "bound": self.STATISTICS_BOUND})
-        row = await cur.fetchone()
+        try:
+            cur = await self.control.execute(self.q("statistics"), {"oid": self.oid, "bound": self.STATISTICS_BOUND})
+            row = await cur.fetchone()
+        except psycopg.OperationalError:
+            raise  # the connection: the run loop reconnects
+        except psycopg.Error as exc:  # a statistic the claims can do without: claim as they are
+            log.warning("%s: could not read the table's statistics (%s)", self.entry.label(), reason(exc))
+            return
         if row is None or row["due"] < self.STATISTICS_DUE or row["planned"] >= row["due"]:
             return
         self.analyzed_at = time.monotonic()
-        self.analyzing = asyncio.create_task(self._analyze(row["planned"], row["due"]), name=f"statistics {self.entry.label()}")
+        self.analyzing = asyncio.create_task(self._analyze(row["planned"], row["due"]),
+                                             name=f"statistics {self.entry.label()}")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.analyzing), self.ANALYZE_WAIT)
 
