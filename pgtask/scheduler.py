@@ -53,6 +53,8 @@ CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
 PASS_STATEMENTS = (("expire", ()), ("claim_lock", CLAIM_LOCK_PARAMS),
                    ("claim", ("oid", "limit", "offer_pid", "offer_id")),
                    ("next", ()))
+# the statistics looked at before claiming starts (see Scheduler._check_statistics)
+STATISTICS_PARAMS = ("oid", "bound")
 # claim_next's, for a session reusing its executor (count/live): see next_of_group
 CLAIM_NEXT_PARAMS = ("oid", "group", "remote", "user", "max", "done", "born")
 
@@ -92,6 +94,14 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
         copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
         flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=ident),
     ).as_string(None)
+
+
+def numbered(text: str, params: tuple[str, ...]) -> str:
+    """A named query's text with its %(param)s as $1, $2, ... in the order of ``params``: the text of
+    a statement to PREPARE."""
+    for i, param in enumerate(params, 1):
+        text = text.replace(f"%({param})s", f"${i}")
+    return text
 
 
 def _int_array(values) -> str:
@@ -323,10 +333,7 @@ class Scheduler:
         if name in have:
             await conn.execute(sql.SQL("DEALLOCATE {}").format(ident))
             del have[name]
-        text = self.q(name)
-        for i, param in enumerate(params, 1):
-            text = text.replace(f"%({param})s", f"${i}")
-        await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(text))
+        await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(numbered(self.q(name), params)))
         have[name] = version
 
     def _flush_version(self) -> tuple[str, int]:
@@ -457,8 +464,10 @@ class Scheduler:
         even those plans cost a few milliseconds, once: no ANALYZE for a trickle of tasks."""
         if self.analyzing is not None or time.monotonic() - self.analyzed_at < self.STATISTICS_EVERY:
             return
-        try:
-            cur = await self.control.execute(self.q("statistics"), {"oid": self.oid, "bound": self.STATISTICS_BOUND})
+        try:  # prepared like the pass's statements: planning the pg_stats view took 1.1 ms, running it 0.2
+            await self._prepared(self.control, "statistics", STATISTICS_PARAMS, self.pass_plans)
+            cur = await self.control.execute(
+                f"EXECUTE pgtask_statistics({int(self.oid)}, {int(self.STATISTICS_BOUND)})")
             row = await cur.fetchone()
         except psycopg.OperationalError:
             raise  # the connection: the run loop reconnects

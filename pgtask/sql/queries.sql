@@ -75,9 +75,9 @@ WITH RECURSIVE keys AS (
     -- straight to WORK, started on that session's backend (its preamble then only checks it: the
     -- table's check function).
     -- Read by their ids, each one's pid at its id's position (see flush_finished).
-    SELECT o.pid, f."user", f."group", row_number() OVER (PARTITION BY f."user", f."group" ORDER BY o.i) AS n
-    FROM {table} f, LATERAL (SELECT array_position(%(offer_id)s::bigint[], f."id") AS i) p,
-         LATERAL (SELECT (%(offer_pid)s::int4[])[p.i] AS pid, p.i) o
+    SELECT (%(offer_pid)s::int4[])[o.i] AS pid, f."user", f."group",
+           row_number() OVER (PARTITION BY f."user", f."group" ORDER BY o.i) AS n
+    FROM {table} f, LATERAL (SELECT array_position(%(offer_id)s::bigint[], f."id") AS i) o
     WHERE f."id" = ANY(%(offer_id)s::bigint[])
 ), matched AS MATERIALIZED (
     -- computed once: inlined, it ran again for every chosen row (the generic plan's nested loop),

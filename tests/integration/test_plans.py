@@ -1,13 +1,12 @@
 """The claim query's plan: it must stay on the partial indexes however many rows the table holds."""
 
 import asyncio
-import re
 
 import psycopg
 import pytest
 from support import hold_claims
 
-from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, render_query
+from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, numbered, render_query
 
 
 async def explain_prepared(conn, execute: str) -> str:
@@ -213,15 +212,11 @@ def test_a_task_row_is_written_through_the_primary_key_whatever_the_statistics_s
         cur.execute(PLANNER_SETTINGS)
         cur.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
         for name, params in BY_ID.items():
-            text = render_query(name, "public", "task")
-            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
-            for i, param in enumerate(names, 1):
-                text = text.replace(f"%({param})s", f"${i}")
+            text = numbered(render_query(name, "public", "task"), tuple(params))
             cur.execute(psycopg.sql.SQL("PREPARE {} AS ").format(psycopg.sql.Identifier(f"t_{name}"))
                         + psycopg.sql.SQL(text))
             cur.execute(psycopg.sql.SQL("EXPLAIN EXECUTE {}({})").format(
-                psycopg.sql.Identifier(f"t_{name}"), psycopg.sql.SQL(", ").join(
-                    psycopg.sql.Literal(params[n]) for n in names)))
+                psycopg.sql.Identifier(f"t_{name}"), psycopg.sql.SQL(", ").join(map(psycopg.sql.Literal, params.values()))))
             plans[name] = "\n".join(r[0] for r in cur.fetchall())
     for name, plan in plans.items():
         assert "Index Scan using task_pkey on task" in plan, (name, plan)
