@@ -98,6 +98,39 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
     assert len(heads) == 3 and all("Index Scan using task_queue_idx" in line for line in heads), plan
 
 
+def test_statistics_are_looked_at_when_a_burst_follows_the_last_finish(db):
+    """A burst inserted right after the last running task finished -- its finish written by a claim
+    pass, before the next poll found the queue empty: claiming starts again there too, and the
+    statistics are looked at before it (they were only after a pass that found nothing running,
+    so a trickle of tasks kept the check from ever running before a burst)."""
+    stale_statistics(db, analyzed=True)
+
+    async def go() -> int:
+        sched = db.scheduler(run=1000)
+        sched.ANALYZE_WAIT = 60
+        await sched.start()
+        claimed = hold_claims(sched)
+        try:
+            await sched.claim_pass()  # empty
+            db.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+            assert (await sched.claim_pass())[0] == 1
+            (task,) = claimed.values()
+            finishing = asyncio.create_task(sched.finish(task, "1", None))
+            await asyncio.sleep(0)  # the finish is submitted: the next pass writes it
+            assert (await sched.claim_pass())[0] == 0
+            await finishing
+            assert db.value("SELECT state::text FROM task WHERE id = %s", (task.id,)) == "DONE"
+            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i "
+                       "FROM generate_series(1, 1000) i")
+            before = db.value(ANALYZE_COUNT)
+            assert (await sched.claim_pass())[0] == 1000
+            return db.value(ANALYZE_COUNT) - before
+        finally:
+            await sched.close()
+
+    assert asyncio.run(go()) == 1
+
+
 def test_a_trickle_of_tasks_is_claimed_without_analyzing(db):
     """Below STATISTICS_DUE due rows even a plan made on statistics that count none costs little,
     once: a few tasks inserted into a table whose statistics are old do not make the service
