@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
+import uvloop
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir
@@ -173,7 +174,7 @@ def _peer_wall(peer: str, n: int, done: int, t0, last) -> float:
 
 
 def _pgqueuer_process(url: str, body: str, stop) -> None:
-    asyncio.run(_pgqueuer_worker(url, body, stop.is_set))
+    uvloop.run(_pgqueuer_worker(url, body, stop.is_set))
 
 
 class Bench:
@@ -259,10 +260,12 @@ class Bench:
         conn.execute(PLANNER_SETTINGS)
         return conn
 
-    def peer_rate(self, run, n: int, body: str) -> float:
-        """Jobs per second of a peer's ``run`` (see _pgqueuer) on a scratch database."""
+    def peer_rate(self, run, n: int, body: str, loop_run) -> float:
+        """Jobs per second of a peer's ``run`` (see _pgqueuer) on a scratch database, on the event
+        loop its own command line runs it on (``loop_run``): pgqueuer's (`pgq run`) takes uvloop
+        when it is installed (it is: pgtask runs on it), procrastinate's is asyncio's own."""
         with self.scratch_database() as db:
-            return n / asyncio.run(run(self.cluster.conninfo(db), n, body))
+            return n / loop_run(run(self.cluster.conninfo(db), n, body))
 
     def record(self, key: str, what: str, value: float, unit: str, note: str = "") -> None:
         self.figures[key] = value
@@ -300,7 +303,7 @@ class Bench:
         for _ in range(self.repeat):
             tps = self.pgbench_tps("-N")
             rate = n / self.run_tasks(n, 16, 0, TRIVIAL).wall
-            peer = self.peer_rate(self._pgqueuer, jobs, TRIVIAL)
+            peer = self.peer_rate(self._pgqueuer, jobs, TRIVIAL, uvloop.run)
             rounds.append((tps, rate, peer))
             print(f"  round: pgbench -N {tps:,.0f} TPS, pgtask {rate:,.0f} tasks/s, pgqueuer {peer:,.0f} jobs/s "
                   f"({rate / tps:.2f} x, {rate / peer:.2f} x)", flush=True)
@@ -457,14 +460,16 @@ class Bench:
         for body, label in ((TRIVIAL, "SELECT 1"), (WRITING, "row-writing INSERT")):
             suffix = "" if body == TRIVIAL else "_w"
             n = self.n(PEER_JOBS)
-            runs = [("pgqueuer", "pgqueuer (asyncpg)", "concurrency 16", self._pgqueuer)]
+            runs = [("pgqueuer", "pgqueuer (asyncpg)", "concurrency 16", self._pgqueuer, uvloop.run)]
             if PROCESSES > 1:
                 runs.append(("pgqueuer_mp", "pgqueuer (asyncpg)", f"{PROCESSES} processes, concurrency 16 in all",
-                             functools.partial(self._pgqueuer, processes=PROCESSES)))
-            runs.append(("procrastinate", "procrastinate (psycopg)", "concurrency 16", self._procrastinate))
-            for key, what, how, run in runs:
+                             functools.partial(self._pgqueuer, processes=PROCESSES), uvloop.run))
+            runs.append(("procrastinate", "procrastinate (psycopg)", "concurrency 16", self._procrastinate,
+                         asyncio.run))
+            for key, what, how, run, loop_run in runs:
                 self.repeated(f"{key}{suffix}", f"{what} {label}: {how}", "jobs/s",
-                              lambda run=run, n=n, body=body: (self.peer_rate(run, n, body), ""))
+                              lambda run=run, n=n, body=body, loop_run=loop_run:
+                              (self.peer_rate(run, n, body, loop_run), ""))
 
     async def _pgqueuer(self, dsn: str, n: int, body: str, processes: int = 1) -> float:
         """pgqueuer's wall time for n jobs: its worker in this process (concurrency 16), or in
