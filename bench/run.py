@@ -31,7 +31,9 @@ machine drifts by 10-40 % within minutes.
   backends over the burst (the claim passes: the one serial step) --, and for 16 groups the bound
   the server's share sets: the rate if the service used no CPU (CPUs / server CPU per task).
 - peers (pgqueuer 1.6 with its asyncpg driver; procrastinate 3 with psycopg): the worker runs in
-  this process, started and idle; all jobs are enqueued in one batch call; wall = the last
+  this process, started and idle, on the event loop the peer's own command line uses (pgqueuer's
+  `pgq run`: uvloop when installed; procrastinate's: asyncio's); all jobs are enqueued in one
+  batch call; wall = the last
   success's write (pgqueuer_log.created, procrastinate_events.at) - the time before the enqueue,
   both the database's clock, as pgtask's (before the fifteenth session: a 50 ms poll's end).
   Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
