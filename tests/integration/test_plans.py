@@ -131,6 +131,49 @@ def test_statistics_are_looked_at_when_a_burst_follows_the_last_finish(db):
     assert asyncio.run(go()) == 1
 
 
+def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_after_it(db):
+    """The ANALYZE before a burst's first claim may take longer than ANALYZE_WAIT (a large table's
+    sample; here it is held up writing its statistics, whose pg_statistic rows another transaction
+    has locked): the claim then goes on with the plans it has, and once the ANALYZE is done the next
+    pass is planned again -- on the statistics it wrote."""
+    stale_statistics(db, analyzed=True)  # its pg_statistic rows exist: an ANALYZE updates them
+    blocker = db.connect()
+    blocker.autocommit = False
+    assert blocker.execute("SELECT count(*) FROM (SELECT FROM pg_statistic "
+                           "WHERE starelid = 'task'::regclass FOR UPDATE) s").fetchone()[0] > 0
+
+    async def go() -> tuple[int, int, int, int, int]:
+        sched = db.scheduler(run=1000)
+        sched.ANALYZE_WAIT = 0.2
+        await sched.start()
+        hold_claims(sched)
+        try:
+            await sched.claim_pass()  # empty
+            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 16 "
+                       "FROM generate_series(1, 6000) i")
+            before = db.value(ANALYZE_COUNT)
+            # without the bound the claim would wait for the blocker, past this test's timeout
+            claimed = (await asyncio.wait_for(sched.claim_pass(), 30))[0]
+            analyzing = sched.analyzing is not None and not sched.analyzing.done()
+            await sched.claim_pass()  # the replan of a burst's second pass (pass_replan), as always
+            plans = sched.pass_plans
+            await sched.claim_pass()
+            unchanged = sched.pass_plans - plans  # nothing new: no replan
+            blocker.rollback()
+            await asyncio.wait_for(asyncio.shield(sched.analyzing), 30)
+            await sched.claim_pass()
+            return claimed, int(analyzing), unchanged, sched.pass_plans - plans, db.value(ANALYZE_COUNT) - before
+        finally:
+            await sched.close()
+
+    try:
+        claimed, analyzing, unchanged, replanned, analyzes = asyncio.run(go())
+    finally:
+        blocker.close()
+    assert (claimed, analyzing) == (16, 1)  # claimed while the ANALYZE was still held up
+    assert (unchanged, replanned, analyzes) == (0, 1, 1)
+
+
 def test_a_trickle_of_tasks_is_claimed_without_analyzing(db):
     """Below STATISTICS_DUE due rows even a plan made on statistics that count none costs little,
     once: a few tasks inserted into a table whose statistics are old do not make the service
