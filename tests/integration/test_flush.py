@@ -3,6 +3,7 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 
 import asyncio
 import itertools
+import time
 
 from support import hold_claims, wait_for
 
@@ -86,6 +87,71 @@ def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_
     # the first one: claimed (TAKE), then started by its session (WORK), then finished
     assert len({xid[ids[0], "TAKE"], xid[ids[0], "WORK"], xid[ids[0], "DONE"]}) == 3
     assert len({db.task(i)["pid"] for i in ids}) == 1  # one session ran them all
+
+
+def test_the_pass_writing_finishes_is_woken_when_the_cohort_has_finished(db):
+    """The tasks one claim pass started finish within about a millisecond of each other, and a pass
+    costs nearly as much for two finishes as for sixteen: the pass that writes them is woken when the
+    last of that cohort has finished (or COHORT_WAIT after the first), and writes them all at once."""
+    ids = [db.insert("SELECT 1", group=f"g{i}") for i in range(4)]
+
+    async def go() -> tuple[bool, bool]:
+        sched = db.scheduler(run=10)
+        sched.COHORT_WAIT = sched.SLOW_FLUSH = 60.0  # only the cohort's end wakes it, no flusher
+        await sched.start()
+        claimed = hold_claims(sched)
+        try:
+            assert (await sched.claim_pass())[0] == 4
+            sched.wake.clear()
+            finishes = [asyncio.create_task(sched.finish(claimed[i], "1", None)) for i in ids[:3]]
+            await asyncio.sleep(0)  # submitted
+            early = sched.wake.is_set()
+            finishes.append(asyncio.create_task(sched.finish(claimed[ids[3]], "1", None)))
+            await asyncio.sleep(0)
+            woken = sched.wake.is_set()
+            await sched.claim_pass()
+            await asyncio.wait_for(asyncio.gather(*finishes), 10)
+            return early, woken
+        finally:
+            await sched.close()
+
+    assert asyncio.run(go()) == (False, True)
+    assert [db.task(i)["state"] for i in ids] == ["DONE"] * 4
+    assert db.value("SELECT count(DISTINCT xmin::text) FROM task WHERE id = ANY(%s)", (ids,)) == 1  # one pass
+
+
+def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
+    """COHORT_WAIT after the first finish of a cohort the pass is woken without the rest of it, and
+    the rest is not waited for again: a long task does not hold up every pass of the short ones."""
+    ids = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]  # ids[2]: the long one
+
+    async def go() -> tuple[float, bool]:
+        sched = db.scheduler(run=10)
+        sched.COHORT_WAIT, sched.SLOW_FLUSH = 0.1, 60.0
+        await sched.start()
+        claimed = hold_claims(sched)
+        try:
+            assert (await sched.claim_pass())[0] == 3
+            sched.wake.clear()
+            started = time.monotonic()
+            first = asyncio.create_task(sched.finish(claimed[ids[0]], "1", None))
+            await asyncio.wait_for(sched.wake.wait(), 10)
+            waited = time.monotonic() - started
+            await sched.claim_pass()
+            await asyncio.wait_for(first, 10)
+            sched.wake.clear()
+            second = asyncio.create_task(sched.finish(claimed[ids[1]], "1", None))
+            await asyncio.sleep(0)
+            at_once = sched.wake.is_set()
+            await sched.claim_pass()
+            await asyncio.wait_for(second, 10)
+            return waited, at_once
+        finally:
+            await sched.close()
+
+    waited, at_once = asyncio.run(go())
+    assert waited >= 0.09 and at_once, (waited, at_once)
+    assert [db.task(i)["state"] for i in ids] == ["DONE", "DONE", "TAKE"]
 
 
 def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, service):
