@@ -743,7 +743,8 @@ class Scheduler:
         no flusher writing, pending for less than SLOW_FLUSH: see claim_pass), or a flusher is
         writing and not slow yet (it takes the pending writes itself when its batch is done); then
         look again when either would be late. A claim pass for the pending finishes is woken once
-        the last pass's cohort has finished, or COHORT_WAIT after the first of them."""
+        the tasks claim passes started have all finished (their cohort), or COHORT_WAIT after the
+        first of those finishes."""
         if not self.pending or len(self.flushers) >= self.MAX_FLUSHERS:
             return
         now = time.monotonic()
