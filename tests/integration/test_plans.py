@@ -1,6 +1,7 @@
 """The claim query's plan: it must stay on the partial indexes however many rows the table holds."""
 
 import asyncio
+import contextlib
 
 import psycopg
 import pytest
@@ -52,6 +53,28 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
 ANALYZE_COUNT = "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass"
 
 
+@contextlib.asynccontextmanager
+async def idle_scheduler(db, run: int = 4, analyze_wait: float = 60):
+    """An in-process scheduler holding what it claims (hold_claims), after a first pass that found
+    the queue empty: its next claim may start a burst. ``analyze_wait``: how long that claim waits
+    for the statistics' ANALYZE (long by default: the order is what these tests look at)."""
+    sched = db.scheduler(run=run)
+    sched.ANALYZE_WAIT = analyze_wait
+    await sched.start()
+    claimed = hold_claims(sched)
+    try:
+        assert (await sched.claim_pass())[0] == 0  # empty
+        yield sched, claimed
+    finally:
+        await sched.close()
+
+
+def insert_burst(db, tasks: int, groups: int) -> None:
+    """``tasks`` rows of `SELECT 1` due now, spread over ``groups`` groups, in one statement."""
+    db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i %% %s "
+               "FROM generate_series(1, %s) i", (groups, tasks))
+
+
 def stale_statistics(db, analyzed: bool) -> None:
     """320 finished rows; analyzed then (the statistics count no PLAN row), or never analyzed (the
     table's partial indexes, built empty, count none either)."""
@@ -76,21 +99,13 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
     stale_statistics(db, analyzed)
 
     async def go() -> tuple[str, int, int]:
-        sched = db.scheduler(run=1000)
-        sched.ANALYZE_WAIT = 60  # the order is what is tested here, not how long a claim waits
-        await sched.start()
-        hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty
-            db.execute(f"INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % {groups} "
-                       f"FROM generate_series(1, {6000 if groups == 16 else groups}) i")
+        async with idle_scheduler(db, run=1000) as (sched, _):
+            insert_burst(db, 6000 if groups == 16 else groups, groups)
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claim_pass())[0]
             analyzes = db.value(ANALYZE_COUNT) - before
             plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim({sched.oid}, 1000, '{{}}', '{{}}')")
             return plan, claimed, analyzes
-        finally:
-            await sched.close()
 
     plan, claimed, analyzes = asyncio.run(go())
     assert (claimed, analyzes) == (groups, 1)
@@ -106,12 +121,7 @@ def test_statistics_are_looked_at_when_a_burst_follows_the_last_finish(db):
     stale_statistics(db, analyzed=True)
 
     async def go() -> int:
-        sched = db.scheduler(run=1000)
-        sched.ANALYZE_WAIT = 60
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty
+        async with idle_scheduler(db, run=1000) as (sched, claimed):
             db.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
             assert (await sched.claim_pass())[0] == 1
             (task,) = claimed.values()
@@ -120,13 +130,10 @@ def test_statistics_are_looked_at_when_a_burst_follows_the_last_finish(db):
             assert (await sched.claim_pass())[0] == 0
             await finishing
             assert db.value("SELECT state::text FROM task WHERE id = %s", (task.id,)) == "DONE"
-            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i "
-                       "FROM generate_series(1, 1000) i")
+            insert_burst(db, 1000, 1000)
             before = db.value(ANALYZE_COUNT)
             assert (await sched.claim_pass())[0] == 1000
             return db.value(ANALYZE_COUNT) - before
-        finally:
-            await sched.close()
 
     assert asyncio.run(go()) == 1
 
@@ -143,14 +150,8 @@ def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_afte
                            "WHERE starelid = 'task'::regclass FOR UPDATE) s").fetchone()[0] > 0
 
     async def go() -> tuple[int, int, int, int, int]:
-        sched = db.scheduler(run=1000)
-        sched.ANALYZE_WAIT = 0.2
-        await sched.start()
-        hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty
-            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 16 "
-                       "FROM generate_series(1, 6000) i")
+        async with idle_scheduler(db, run=1000, analyze_wait=0.2) as (sched, _):
+            insert_burst(db, 6000, 16)
             before = db.value(ANALYZE_COUNT)
             # without the bound the claim would wait for the blocker, past this test's timeout
             claimed = (await asyncio.wait_for(sched.claim_pass(), 30))[0]
@@ -163,8 +164,6 @@ def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_afte
             await asyncio.wait_for(asyncio.shield(sched.analyzing), 30)
             await sched.claim_pass()
             return claimed, int(analyzing), unchanged, sched.pass_plans - plans, db.value(ANALYZE_COUNT) - before
-        finally:
-            await sched.close()
 
     try:
         claimed, analyzing, unchanged, replanned, analyzes = asyncio.run(go())
@@ -181,19 +180,11 @@ def test_a_trickle_of_tasks_is_claimed_without_analyzing(db):
     stale_statistics(db, analyzed=True)
 
     async def go() -> tuple[int, int]:
-        sched = db.scheduler(run=100)
-        sched.ANALYZE_WAIT = 60
-        await sched.start()
-        hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty
-            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i "
-                       f"FROM generate_series(1, {sched.STATISTICS_DUE - 1}) i")
+        async with idle_scheduler(db, run=100) as (sched, _):
+            insert_burst(db, sched.STATISTICS_DUE - 1, sched.STATISTICS_DUE - 1)
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claim_pass())[0]
             return claimed, db.value(ANALYZE_COUNT) - before
-        finally:
-            await sched.close()
 
     claimed, analyzes = asyncio.run(go())
     assert claimed == 100
@@ -205,20 +196,13 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     queue, "next" read every due row through the queue index (1 ms a pass in a burst, PostgreSQL
     15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
     async def go() -> tuple[str, str]:
-        sched = db.scheduler()
-        await sched.start()
-        hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty: prepared and planned on an empty table
+        async with idle_scheduler(db) as (sched, _):  # prepared and planned on an empty table
             plans = [await explain_prepared(sched.control, "EXECUTE pgtask_next")]
-            db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
-                       "FROM generate_series(1, 3000) i")
+            insert_burst(db, 3000, 4)
             assert (await sched.claim_pass())[0] == 4
             await sched.claim_pass()  # prepared again
             plans.append(await explain_prepared(sched.control, "EXECUTE pgtask_next"))
             return plans
-        finally:
-            await sched.close()
 
     before, after = asyncio.run(go())
     # PostgreSQL 15 plans the empty queue through task_queue_idx (this fails there without the new
@@ -238,23 +222,15 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
     empty = {name: [] for name in FINISH_PARAMS}
 
     async def go() -> tuple[str, str]:
-        sched = db.scheduler()
-        await sched.start()
-        hold_claims(sched)
-        try:
-            await sched.claim_pass()  # empty
-            async with sched.writers.connection() as writer:
-                await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
-                plans = [await explain_prepared(writer, FLUSH)]
-                db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i % 4 "
-                           "FROM generate_series(1, 20000) i")
-                assert (await sched.claim_pass())[0] == 4
-                await sched.claim_pass()  # the pass is prepared again: so are the flushes, when next used
-                await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
-                plans.append(await explain_prepared(writer, FLUSH))
+        async with idle_scheduler(db) as (sched, _), sched.writers.connection() as writer:
+            await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
+            plans = [await explain_prepared(writer, FLUSH)]
+            insert_burst(db, 20000, 4)
+            assert (await sched.claim_pass())[0] == 4
+            await sched.claim_pass()  # the pass is prepared again: so are the flushes, when next used
+            await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
+            plans.append(await explain_prepared(writer, FLUSH))
             return plans
-        finally:
-            await sched.close()
 
     before, after = asyncio.run(go())
     assert "task_pkey" in after and "Seq Scan on task" not in after, (before, after)
@@ -279,7 +255,7 @@ def test_a_task_row_is_written_through_the_primary_key_whatever_the_statistics_s
     start and finish (5.8 ms a start with 1,000 running) -- unless only the primary key can serve
     them."""
     db.execute("ALTER TABLE task DISABLE TRIGGER USER")
-    db.execute("INSERT INTO task (input, \"group\") SELECT 'SELECT 1', 'g' || i FROM generate_series(1, 3000) i")
+    insert_burst(db, 3000, 3000)
     db.execute("ANALYZE task")  # every row PLAN: no running row counted
     db.execute("UPDATE task SET state = 'WORK', attempt = 1")
     db.execute("ALTER TABLE task ENABLE TRIGGER USER")
