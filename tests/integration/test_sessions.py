@@ -3,12 +3,15 @@ cap, the idle ones beyond it are closed once they have been idle a while, and on
 being opened at once (a burst of short tasks runs on the sessions that end meanwhile)."""
 
 import asyncio
+import os
 
 import psycopg
 import pytest
+import uvloop
 from psycopg.conninfo import conninfo_to_dict
 from support import wait_for, wait_for_async
 
+from pgtask import wire
 from pgtask.config import ConfigError, from_dict
 from pgtask.executor import RESET_SESSION, SessionPool, group_settings
 
@@ -51,6 +54,34 @@ def test_idle_sessions_beyond_the_cap_are_closed_after_a_while(db, monkeypatch):
     assert kept == opened[-2:]  # the two used last stay
     wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (opened[:3],)) == 0,
              message="the trimmed sessions' backends to end")
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_query_whose_backend_ends_with_input_unread_fails_as_lost(db, run):
+    """A backend that ends with bytes of ours it never read leaves the socket in error (POLLERR,
+    besides readable and hung up): the query waiting on it fails as a lost connection instead of
+    waiting for ever, on either event loop."""
+    user = db.value("SELECT current_user")
+
+    async def go() -> None:
+        pool = SessionPool(db.dsn, user, "login")
+        session = await pool.get(user)
+        try:
+            running = asyncio.ensure_future(wire.simple(session.pgconn, "SELECT pg_sleep(60)"))
+            await wait_for_async(lambda: db.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s",
+                                                  (session.pid,)) == "PgSleep", message="the sleep")
+            os.write(session.pgconn.socket, b"Q")  # left unread: the backend is sleeping
+            db.execute("SELECT pg_terminate_backend(%s)", (session.pid,))
+            try:
+                lost = wire.lost(await asyncio.wait_for(running, 10))
+            except psycopg.OperationalError:
+                lost = True
+            assert lost
+        finally:
+            await pool.discard(session)
+            await pool.close()
+
+    run(go())
 
 
 def test_a_session_opens_with_its_settings_after_the_services_own_options():
