@@ -46,7 +46,10 @@ machine drifts by 10-40 % within minutes.
 - remote: 1,000 tasks `SELECT pg_sleep(1)`, each with `remote` pointing at this cluster, each its
   own group, one service process; wall = max(stop) - insert time; VmHWM of the service. Next to it
   the floor: 1,000 concurrent plain psycopg connections each running pg_sleep(1), without pgtask.
-  --repeat rounds of (floor, pgtask); each figure is the median of its rounds.
+  --repeat rounds of (floor, pgtask); each figure is the median of its rounds. Before them the
+  cluster's own bound: pgbench -S -C (a new connection for every transaction), connections/s; no
+  client makes 1,000 remote sleeps in much less than 1,000 / that rate (the server starting and
+  ending 1,000 backends at full capacity, every sleep overlapping other backends' starts).
 - idle RSS: the service's VmRSS after it is ready and 3 s idle (one scheduler).
 
 The cluster runs with huge_pages = off, or with --huge-pages on (as root the benchmark reserves the
@@ -280,7 +283,7 @@ class Bench:
         for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
             self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", lambda flag=flag: (self.pgbench_tps(flag), ""))
 
-    def pgbench_tps(self, flag: str) -> float:
+    def pgbench_tps(self, *flags: str) -> float:
         """One pgbench run (4 clients, 2 threads, 10 s) on the pgbench database (made once, scale 10)."""
         bindir = self.cluster.bindir
         env = {**os.environ, **self.cluster.env(), "PGDATABASE": "pgbench"}
@@ -290,7 +293,7 @@ class Bench:
             subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
                            capture_output=True)
             self.pgbench_ready = True
-        out = subprocess.run([str(bindir / "pgbench"), flag, "-c", "4", "-j", "2", "-T", "10"],
+        out = subprocess.run([str(bindir / "pgbench"), *flags, "-c", "4", "-j", "2", "-T", "10"],
                              env=env, check=True, capture_output=True, text=True).stdout
         return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
@@ -619,6 +622,12 @@ class Bench:
             self.record("idle_rss", "service idle RSS (one scheduler)", proc_status(proc.pid, "VmRSS"), "MB")
         finally:
             self.stop(proc)
+        # The cluster's own bound: connections it can start and end a second, each for one
+        # transaction (pgbench -C). 1,000 concurrent remote tasks need 1,000 backends started and
+        # ended: at full capacity, with every sleep overlapping other backends' starts, that takes
+        # about 1,000 / that rate (pgbench's own CPU included), and no client does it in much less.
+        self.repeated("pgbench_C", "pgbench -S -C (4 clients, a connection a transaction)", "connections/s",
+                      lambda: (self.pgbench_tps("-S", "-C"), ""))
         remote = f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
         # --repeat rounds of (floor, pgtask), medians of each: either one alone moves by 20-30 %
         # with the machine's phase and with what ran just before it (1,000 backends exiting).
@@ -705,6 +714,9 @@ class Bench:
         if "remote_wall" in f:
             add("1,000 remote sleeps, s", f["remote_wall"], "<= 3", f["remote_wall"] <= 3)
             add("1,000 remote sleeps / plain-connection floor", f["remote_wall"] / f["remote_floor"], "(no goal)", True)
+            if "pgbench_C" in f:
+                info("  the cluster's bound, s", 1000 / f["pgbench_C"],
+                     "(1,000 connections at pgbench -C's rate, the sleeps overlapping: about the least any client reaches)")
             add("1,000 remote sleeps, peak RSS MB", f["remote_hwm"], "<= 150", f["remote_hwm"] <= 150)
         return out
 
