@@ -59,10 +59,20 @@ $body$
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
 
 -- insert --
--- "user" is the inserting role, unless that role is a member of the role it names.
+-- "user" is the inserting role, unless that role is a member of the role it names. A row starts
+-- PLAN (or STOP: held back for good) with no backend of its own, unless the service inserts it
+-- (the table's owner, or a superuser): a row inserted as WORK with someone's pid would let the
+-- STOP trigger cancel that backend.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
+    IF (NEW."pid" IS NOT NULL OR NEW."state" NOT IN ('PLAN', 'STOP'))
+       AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
+                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+        RAISE EXCEPTION 'permission denied to insert task in state % or with a pid', NEW."state"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Insert tasks in state PLAN (the default) or STOP; pgtask writes the rest.';
+    END IF;
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
@@ -113,8 +123,14 @@ $body$
 --   "user", "group", "remote", "parent" never change;
 --   the task's definition (input, plan, timing, formatting, data) changes only while PLAN, and only
 --   by a member of the task's role -- or by the running task itself (the manual's retry pattern
---   sets its own repeat to 0);
+--   sets its own repeat to 0): its own session (the row's pid) with pg_task.id naming it, acting
+--   as the task's role (pg_task.id alone can be SET by anyone);
+--   the task's progress (state, pid, attempt, lease, start, stop, output, error) is written only
+--   by the service (the table's owner, or a superuser) and the start function; anyone else may
+--   only STOP a task, and only one of a role they are a member of;
 --   state moves only PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
+-- The service's own sessions are told apart first by a setting no one can SET (is_superuser, the
+-- session's role): no catalog lookup for its writes.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
@@ -134,7 +150,8 @@ BEGIN
        (OLD."plan", OLD."active", OLD."live", OLD."repeat", OLD."timeout", OLD."count", OLD."max",
         OLD."delete", OLD."drift", OLD."header", OLD."save", OLD."string", OLD."delimiter",
         OLD."escape", OLD."quote", OLD."input", OLD."null", OLD."data") THEN
-        IF coalesce(current_setting('pg_task.id', true), '') = OLD.id::text THEN
+        IF coalesce(current_setting('pg_task.id', true), '') = OLD.id::text AND OLD."state" = 'WORK'
+           AND OLD."pid" = pg_backend_pid() AND pg_has_role(current_user, OLD."user", 'MEMBER') THEN
             NULL;  -- the running task editing its own row
         ELSIF OLD."state" <> 'PLAN' THEN
             RAISE EXCEPTION 'task % is % and can no longer be changed', OLD.id, OLD."state"
@@ -147,6 +164,24 @@ BEGIN
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'Only members of the role a task runs as may change it.';
         END IF;
+    END IF;
+    IF ((NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
+        OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
+           IS DISTINCT FROM
+           (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error"))
+       AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
+                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+        RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
+                         'a task is cancelled with UPDATE ... SET state = ''STOP''.';
+    END IF;
+    IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP'
+       AND NOT pg_has_role(current_user, OLD."user", 'MEMBER')
+       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only members of the role a task runs as may stop it.';
     END IF;
     IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
            (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'WORK', 'GONE', 'STOP'))
@@ -169,9 +204,9 @@ CREATE TRIGGER {trigger} BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION 
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
-    IF NEW."remote" IS NULL AND NEW."pid" IS NOT NULL THEN
-        PERFORM pg_cancel_backend(NEW."pid") FROM pg_stat_activity
-        WHERE pid = NEW."pid" AND application_name LIKE 'pg_task %';
+    IF OLD."remote" IS NULL AND OLD."pid" IS NOT NULL THEN
+        PERFORM pg_cancel_backend(OLD."pid") FROM pg_stat_activity
+        WHERE pid = OLD."pid" AND application_name LIKE 'pg_task %';
     END IF;
     PERFORM pg_notify({channel}, 'stop ' || NEW.id);
     RETURN NULL;

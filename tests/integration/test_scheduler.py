@@ -54,6 +54,23 @@ def test_retry_until_success_pattern(db, service):
     assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0
 
 
+@pytest.mark.parametrize("mode", ["login", "set_role"])
+def test_retry_until_success_pattern_of_a_role_that_is_not_superuser(db, service_factory, mode):
+    """The running task may edit its own row (its session, pg_task.id naming it, as its role) --
+    also when its author is an ordinary role, in both execution modes."""
+    db.role("retrier")
+    db.execute("CREATE TABLE retried (a int); GRANT INSERT ON retried TO retrier")
+    service_factory(db.name, f'[pgtask]\nexecute_as = "{mode}"\n')
+    with db.connect("retrier") as retrier:
+        task_id = retrier.execute(
+            "INSERT INTO task (input, repeat, delete) VALUES ('INSERT INTO retried VALUES (1); "
+            "UPDATE task SET repeat = ''0 sec'' WHERE id = current_setting(''pg_task.id'')::bigint', "
+            "'1 min', false) RETURNING id").fetchone()[0]
+    row = db.wait_state(task_id)
+    assert (row["state"], row["error"], str(row["repeat"])) == ("DONE", None, "0:00:00")
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0
+
+
 def test_parent_is_the_running_task(db, service):
     task_id = db.insert("INSERT INTO task (input, plan) VALUES ('SELECT 2', now() + '1 day') RETURNING parent")
     row = db.wait_state(task_id)

@@ -170,6 +170,72 @@ def test_other_role_cannot_rewrite_a_planned_task(db):
     assert db.task(task_id)["input"] == "SELECT 2"
 
 
+def test_a_forged_pg_task_id_edits_no_other_roles_task(db):
+    """pg_task.id is a setting anyone can SET: naming a task with it does not make a session that
+    task's own (its row's pid, acting as its role), in PLAN or WORK."""
+    db.role("carol")
+    db.role("mallory")
+    with db.connect("carol") as carol:
+        task_id = carol.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() + '1 hour') "
+                                "RETURNING id").fetchone()[0]
+    with db.connect("mallory") as mallory:
+        mallory.execute("SELECT set_config('pg_task.id', %s, false)", (str(task_id),))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="of role carol"):
+            mallory.execute("UPDATE task SET input = 'SELECT 2', plan = now() WHERE id = %s", (task_id,))
+        db.claim(task_id)
+        db.execute("UPDATE task SET state = 'WORK', pid = %s WHERE id = %s", (mallory.info.backend_pid, task_id))
+        with pytest.raises(psycopg.errors.CheckViolation, match="can no longer be changed"):
+            mallory.execute("UPDATE task SET input = 'SELECT 2', repeat = '1 min' WHERE id = %s", (task_id,))
+    assert db.task(task_id)["input"] == "SELECT 1"
+
+
+PROGRESS = ("pid = pg_backend_pid()", "attempt = attempt + 1", "lease = gen_random_uuid()", "start = now()",
+            "stop = now()", "output = 'forged'", "error = 'forged'", "state = 'TAKE'", "state = 'GONE'")
+
+
+def test_only_the_service_writes_a_tasks_progress(db):
+    """state (but STOP), pid, attempt, lease, start, stop, output and error are pgtask's: not even
+    the task's own role writes them (a WORK row back to PLAN would run twice, a new lease drops the
+    running task's result, a pid aims the STOP trigger's cancel). A role may STOP its own tasks,
+    not another role's."""
+    db.role("carol")
+    db.role("mallory")
+    with db.connect("carol") as carol:
+        planned = carol.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+        running = carol.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
+    db.claim(running)
+    db.execute("UPDATE task SET state = 'WORK', start = now() WHERE id = %s", (running,))
+    for who in ("carol", "mallory"):
+        with db.connect(who) as conn:
+            for change in PROGRESS:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="progress of task"):
+                    conn.execute(f"UPDATE task SET {change} WHERE id = %s", (planned,))
+            for change in ("state = 'PLAN'", "state = 'DONE'", "lease = gen_random_uuid()"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="progress of task"):
+                    conn.execute(f"UPDATE task SET {change} WHERE id = %s", (running,))
+    with db.connect("mallory") as mallory, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                                         match="stop task .* of role carol"):
+        mallory.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (running,))
+    assert db.task(running)["state"] == "WORK"
+    with db.connect("carol") as carol:
+        carol.execute("UPDATE task SET state = 'STOP' WHERE id = ANY(%s)", ([planned, running],))
+    assert [db.task(i)["state"] for i in (planned, running)] == ["STOP", "STOP"]
+
+
+def test_a_role_inserts_tasks_planned_or_stopped_only(db):
+    """A row inserted as WORK with some backend's pid would have the STOP trigger cancel that backend."""
+    db.role("mallory")
+    with db.connect("mallory") as mallory:
+        for columns, values in (("state", "'WORK'"), ("state", "'TAKE'"), ("state", "'DONE'"),
+                                ("pid", "pg_backend_pid()")):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="insert task"):
+                mallory.execute(f"INSERT INTO task (input, {columns}) VALUES ('SELECT 1', {values})")
+        held = mallory.execute("INSERT INTO task (input, state) VALUES ('SELECT 1', 'STOP') "
+                               "RETURNING state").fetchone()[0]
+    assert held == "STOP"
+    assert db.value("INSERT INTO task (input, state) VALUES ('SELECT 1', 'DONE') RETURNING state") == "DONE"
+
+
 def test_routing_columns_immutable_and_definition_frozen_after_plan(db):
     task_id = db.insert("SELECT 1")
     for change in ("\"group\" = 'other'", "remote = 'host=x'", "parent = 1"):
