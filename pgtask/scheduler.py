@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import provision, remote, wire
 from . import sql as named
 from .config import Entry
-from .executor import NotStarted, Session, SessionPool, Task, group_settings, run_input
+from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import reason, simple_error
 
@@ -203,6 +203,7 @@ class Scheduler:
         self.flush_check: asyncio.TimerHandle | None = None
         self.pending_since = 0.0  # when the oldest of the pending writes was submitted
         self.pending_plain = True  # every pending write is one a claim pass may write (_plain)
+        self.pass_writes_after = 0.0  # claim passes write no finishes before this (see claim_pass)
         # task id -> its session, idle, while the task's finish waits to be written (see _offers)
         self.finishing: dict[int, Session] = {}
         # the tasks claim passes started that have not finished yet, less those a claim pass gave up
@@ -413,6 +414,8 @@ class Scheduler:
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
                     log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),
                              errors.error_from_result(error, encoding=self.control.info.encoding))
+                    if wire.sqlstate(error) == CANCELLED:  # the finish ran over SLOW_FLUSH: see _pass_finishes
+                        self.pass_writes_after = time.monotonic() + self.PASS_WRITES_PAUSE
                     self._give_back(batch)
                     self.wake.set()
                     return 0, None, False
@@ -533,8 +536,12 @@ class Scheduler:
 
     async def _pass_finishes(self, batch: list) -> list[bytes]:
         """The claim pass's statements writing ``batch`` (finishes only): the lean flush with its
-        arrays as literals, after a lock_timeout of SLOW_FLUSH for the pass's transaction. Its
-        generic plan, as on the writers (see _writer); the claim's statements keep the session's
+        arrays as literals, after a lock_timeout of SLOW_FLUSH for the pass's transaction, and a
+        statement_timeout of SLOW_FLUSH for the flush alone: a user's trigger on the finish that
+        takes longer (a webhook) fails the pass, whose finishes then go to a writer, instead of
+        holding up every group's claims for as long as it runs; claim passes then write no finishes
+        for PASS_WRITES_PAUSE seconds (such a trigger is likely to be as slow for the next ones).
+        Its generic plan, as on the writers (see _writer); the claim's statements keep the session's
         plan_cache_mode."""
         if not batch:
             return []
@@ -542,9 +549,10 @@ class Scheduler:
         escape = pq.Escaping(self.control.pgconn)
         values = _dump(self.pass_loader, FINISH_PARAMS, _finish_arrays(batch))
         args = b", ".join(escape.escape_literal(v) for v in values)
-        return [b"SET LOCAL lock_timeout = %d" % int(self.SLOW_FLUSH * 1000),
-                b"SET LOCAL plan_cache_mode = force_generic_plan",
-                b"EXECUTE pgtask_flush_finish(" + args + b")", b"SET LOCAL plan_cache_mode = DEFAULT"]
+        slow = b"%d" % int(self.SLOW_FLUSH * 1000)
+        return [b"SET LOCAL lock_timeout = " + slow, b"SET LOCAL plan_cache_mode = force_generic_plan",
+                b"SET LOCAL statement_timeout = " + slow, b"EXECUTE pgtask_flush_finish(" + args + b")",
+                b"SET LOCAL statement_timeout = DEFAULT", b"SET LOCAL plan_cache_mode = DEFAULT"]
 
     def _give_back(self, batch: list) -> None:
         """Writes a claim pass took and did not write: to a flusher, now."""
@@ -719,6 +727,7 @@ class Scheduler:
     # user's trigger refusing one row), each of its rows is written on its own, as before.
     MAX_FLUSHERS = 2
     SLOW_FLUSH = 0.05
+    PASS_WRITES_PAUSE = 1.0
     MAX_BATCH = 256
     # The claim pass that writes finishes waits up to COHORT_WAIT after the first of them for the rest
     # of the tasks the passes before started (their cohort), once: their finishes arrive within a
@@ -766,8 +775,10 @@ class Scheduler:
 
     def _pass_may_write(self) -> bool:
         """Whether a claim pass may write the pending writes (see claim_pass): all plain (_plain),
-        while claim passes run (not draining)."""
-        return self.pending_plain and not (self.draining or self.stopping)
+        while claim passes run (not draining), and not just after a pass's finish ran over
+        SLOW_FLUSH (see _pass_finishes)."""
+        return (self.pending_plain and not (self.draining or self.stopping)
+                and time.monotonic() >= self.pass_writes_after)
 
     @staticmethod
     def _plain(kind: str, task: Task, payload: Any) -> bool:

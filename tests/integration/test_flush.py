@@ -4,7 +4,7 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 import asyncio
 import itertools
 
-from support import hold_claims, wait_for
+from support import hold_claims, wait_for, wait_for_async
 
 
 def prepared_names(sched) -> set[str]:
@@ -201,3 +201,46 @@ def test_a_rolled_back_finish_leaves_the_flush_statements_in_place(db, caplog):
     assert db.task(refused)["state"] == "FAIL" and "refused by a trigger" in db.task(refused)["error"]
     assert db.value("SELECT count(*) FROM task WHERE parent = ANY(%s)", (repeating,)) == 2
     assert "batched write failed" not in caplog.text, caplog.text
+
+
+def test_a_slow_user_trigger_on_a_finish_holds_up_no_claims(db, caplog):
+    """A user's trigger on the finish that runs long (the manual's webhook pattern) fails the claim
+    pass that writes it after SLOW_FLUSH (statement_timeout): the finish goes to a writer, which
+    runs the trigger for as long as it takes, and other groups' tasks are claimed and finished
+    meanwhile. After that, claim passes leave finishes to the writers for PASS_WRITES_PAUSE."""
+    db.execute("CREATE TABLE hook_released (g text)")  # the groups whose trigger may end
+    db.execute("""CREATE FUNCTION slow_hook() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN
+                      WHILE NEW."group" LIKE 'hook%' AND NOT EXISTS (
+                          SELECT FROM public.hook_released WHERE g = NEW."group") LOOP
+                          PERFORM pg_sleep(0.01);
+                      END LOOP;
+                      RETURN NULL;
+                  END $$""")
+    db.execute("CREATE TRIGGER slow_hook AFTER UPDATE OF state ON task FOR EACH ROW "
+               "WHEN (NEW.state IN ('DONE', 'FAIL')) EXECUTE FUNCTION slow_hook()")
+
+    def in_hook() -> bool:
+        return db.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                        "AND query LIKE '%%pgtask_flush%%'") == 1
+
+    async def during(sched) -> None:
+        first = db.insert("SELECT 1", group="hook1")
+        await wait_for_async(in_hook, message="the first hooked finish to run its trigger")
+        quick = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]
+        await wait_for_async(lambda: all(db.task(i)["state"] == "DONE" for i in quick),
+                             message="the other groups' tasks to finish")
+        assert db.task(first)["state"] == "WORK"  # its finish still runs
+        db.execute("INSERT INTO hook_released VALUES ('hook1')")
+        await wait_for_async(lambda: db.task(first)["state"] == "DONE", message="the first hooked finish")
+        second = db.insert("SELECT 1", group="hook2")  # no writer busy now
+        await wait_for_async(in_hook, message="the second hooked finish to run its trigger")
+        db.execute("INSERT INTO hook_released VALUES ('hook2')")
+        await wait_for_async(lambda: db.task(second)["state"] == "DONE", message="the second hooked finish")
+
+    caplog.set_level("INFO", logger="pgtask")
+    db.run_scheduler(5, configure=lambda sched: setattr(sched, "PASS_WRITES_PAUSE", 3600.0), during=during)
+    assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 5
+    handed = [r.getMessage() for r in caplog.records if "handed its finishes to a writer" in r.getMessage()]
+    assert len(handed) == 1, handed  # the second went to a writer at once
+    assert "statement timeout" in handed[0]
