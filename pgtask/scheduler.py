@@ -37,7 +37,7 @@ log = logging.getLogger("pgtask.scheduler")
 
 TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user", t."input",
     t."repeat" > '0 sec' AS repeats,
-    (extract(epoch FROM t."timeout")::int4 * 1000) AS timeout_ms, t."header", t."string", t."null",
+    least(extract(epoch FROM t."timeout")::int8 * 1000, 2147483647)::int4 AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
     t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
 
@@ -291,6 +291,7 @@ class Scheduler:
             beside.append(asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}"))
         self.ready.set()
         last_reset = time.monotonic()
+        refused = Backoff(first=0.5, cap=10.0)  # the database refusing the claim itself (see below)
         try:
             while not self.stopping:
                 timeout = self.options.sleep
@@ -306,11 +307,21 @@ class Scheduler:
                         await self.reset_orphans()
                         async with self.control_lock:
                             await self.refresh_columns(self.control)
+                    refused.reset()
                 except psycopg.OperationalError as exc:
                     log.warning("%s: connection lost (%s); reconnecting", self.entry.label(),
                                 reason(exc))
                     await self._close_control()
                     await self.connect_control()
+                    continue
+                except psycopg.Error as exc:
+                    # The database refused a claim pass (a row of a user's making: a CHECK added NOT
+                    # VALID, a trigger refusing the claim): the running tasks go on, and the pass is
+                    # tried again, later each time, with the reason in the log until it passes.
+                    delay = refused.next()
+                    log.error("%s: a claim pass failed (%s); trying again in %.1fs", self.entry.label(),
+                              str(exc).strip(), delay)
+                    await asyncio.sleep(delay)
                     continue
                 if timeout > 0:
                     try:

@@ -19,10 +19,20 @@ SELECT CASE WHEN %(claim)s THEN pg_advisory_xact_lock(%(oid)s::bigint) END,
 -- Due rows past plan + active become GONE (repeating and pausing rows never expire). Run at most
 -- once per pg_task.sleep, not on every claim: it reads every due row; the claim skips expired rows.
 -- "active" > 0 (a CHECK constraint), so an expired row is a due one: the plan index serves it.
-UPDATE {table} SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
+-- Wherever a due row's plan + active is computed, active is capped at 100,000 years: a larger one
+-- (a user's) would overflow the timestamp and fail every claim.
+-- A row someone else holds locked (a user's open transaction) is skipped, not waited for: the claim
+-- pass must not wait on it; it expires in a later pass.
+WITH e AS (
+    SELECT "id" FROM {table}
+    WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
+      AND "plan" + least("active", interval '100000 years') <= statement_timestamp()
+      AND "repeat" = '0 sec' AND "max" >= 0
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} t SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
     "error" = 'ERROR:  task not active'
-WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()
-  AND "plan" + "active" <= statement_timestamp() AND "repeat" = '0 sec' AND "max" >= 0
+FROM e WHERE t."id" = e."id"
 
 -- claim --
 -- Claim due PLAN rows by remaining group capacity, then id (the manual's order): a group
@@ -57,7 +67,8 @@ WITH RECURSIVE keys AS (
         SELECT t."id", t."group", t."remote", t."max", t."user" FROM {table} t
         WHERE t."state" = 'PLAN' AND t."group" = k.g AND coalesce(t."remote", '') = k.r
           AND t."plan" <= statement_timestamp()
-          AND (t."plan" + t."active" > statement_timestamp() OR t."repeat" > '0 sec' OR t."max" < 0)
+          AND (t."plan" + least(t."active", interval '100000 years') > statement_timestamp()
+               OR t."repeat" > '0 sec' OR t."max" < 0)
         ORDER BY greatest(t."max", 0) DESC, t."id"
         LIMIT k.room
         FOR UPDATE OF t SKIP LOCKED) c
@@ -101,10 +112,12 @@ WITH s AS (
     SELECT "id" FROM {table} t
     WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp() AND "group" = %(group)s
       AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s AND "user" = %(user)s
-      AND ("plan" + "active" > statement_timestamp() OR "repeat" > '0 sec' OR "max" < 0)
+      AND ("plan" + least("active", interval '100000 years') > statement_timestamp()
+           OR "repeat" > '0 sec' OR "max" < 0)
       AND CASE WHEN "count" > 0 AND "live" > '0 sec'
-               THEN "count" > %(done)s AND %(born)s::timestamptz + "live" > statement_timestamp()
-               ELSE "count" > %(done)s OR %(born)s::timestamptz + "live" > statement_timestamp() END
+               THEN "count" > %(done)s AND %(born)s::timestamptz + least("live", interval '100000 years') > statement_timestamp()
+               ELSE "count" > %(done)s OR %(born)s::timestamptz + least("live", interval '100000 years')
+                    > statement_timestamp() END
     ORDER BY "max" DESC, "id" LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 )
@@ -166,6 +179,11 @@ RETURNING "id"
 
 -- reset --
 -- Orphans: TAKE/WORK rows whose liveness lock nobody holds (the service that claimed them died).
+-- A local WORK row whose session (its pid) is still connected to this database is not one: that
+-- session's service is alive and only lost the connection its liveness locks were on (it takes
+-- them again when it reconnects); reset now, the task would run a second time beside the first.
+-- (A service that died takes its sessions with it: the server ends an orphaned session's query
+-- within client_connection_check_interval.)
 WITH s AS (
     SELECT t."id" FROM {table} t
     WHERE t."state" IN ('TAKE', 'WORK') AND NOT EXISTS (
@@ -173,6 +191,9 @@ WITH s AS (
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
+      AND NOT (t."state" = 'WORK' AND t."remote" IS NULL AND EXISTS (
+        SELECT FROM pg_stat_activity a
+        WHERE a.pid = t."pid" AND a.datname = current_database() AND a.backend_type = 'client backend'))
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL

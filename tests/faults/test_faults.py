@@ -288,3 +288,34 @@ def test_a_cancel_that_arrives_late_does_not_reach_the_next_task(db, monkeypatch
     rows = [db.task(first), db.task(following)]
     assert [r["state"] for r in rows] == ["DONE", "DONE"], rows[1]["error"]
     assert rows[0]["pid"] == rows[1]["pid"]  # the cancelled session ran the next task
+
+
+def test_a_lost_control_connection_is_no_orphan_for_another_instance(db):
+    """The liveness locks of a service's running tasks are on its control connection. When that
+    connection is lost, its tasks still run on their sessions: another instance's orphan check
+    must not reset them (they would run a second time beside the first, max 0 or not) while
+    their sessions are connected. They finish once, and their results land."""
+    db.execute("CREATE TABLE runs (id bigint)")
+    with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock(4246)")  # the tasks run until this is released
+        ids = [db.insert("INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); "
+                         "SELECT pg_advisory_xact_lock_shared(4246)", group=f"g{i}") for i in range(3)]
+
+        async def during(sched: Scheduler) -> None:
+            await wait_for_async(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 3,
+                                 message="the three tasks to run")
+            control = sched.control.info.backend_pid
+            db.execute("SELECT pg_terminate_backend(%s, 5000)", (control,))
+            other = db.scheduler()  # another instance: it looks for orphans when it starts
+            await other.start()
+            try:
+                await other.reset_orphans()
+            finally:
+                await other.close()
+            assert [db.task(i)["state"] for i in ids] == ["WORK"] * 3  # not orphans: still running
+            locker.execute("SELECT pg_advisory_unlock(4246)")
+
+        db.run_scheduler(len(ids), during=during, timeout=30)
+    assert [(r := db.task(i))["state"] for i in ids] == ["DONE"] * 3, r
+    assert dict(db.execute("SELECT id, count(*) FROM runs GROUP BY id")) == dict.fromkeys(ids, 1)
+    assert {db.task(i)["attempt"] for i in ids} == {1}

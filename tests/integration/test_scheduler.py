@@ -399,3 +399,36 @@ def test_a_finish_a_user_trigger_refuses_is_written_on_its_own(db, service):
     assert refused["output"] == "refuse"
     assert f"finishing the task failed: no, not {ids[4]}" in refused["error"], refused["error"]
     assert [r["state"] for r in rows[:4] + rows[5:]] == ["DONE"] * 11
+
+
+def test_extreme_timeout_and_active_values_run(db, service):
+    """A timeout of a month (more milliseconds than statement_timeout's int holds: it gets the
+    most there is) and an active window of millions of years must not fail the claim."""
+    for text, columns in (("SELECT 1", {"timeout": "1 mon"}), ("SELECT 2", {"active": "5000000 years"}),
+                          ("SELECT 3", {})):
+        db.insert(text, **columns)
+    # (psycopg reads no interval of more than 999,999,999 days: the rows are read without "active")
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 3, message="three tasks DONE")
+    assert db.execute("SELECT output, error FROM task ORDER BY id") == [("1", None), ("2", None), ("3", None)]
+
+
+def test_a_claim_the_database_refuses_stops_nothing_that_runs(db, service):
+    """A row whose claim the database refuses (a user's trigger here) fails the claim pass: the
+    service goes on -- the task already running finishes, the pass is tried again with the reason
+    in the log -- and claims again once the row can be claimed."""
+    with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock(4247)")
+        running = db.insert("SELECT pg_advisory_xact_lock_shared(4247)", group="long")
+        db.wait_state(running, states=("WORK",))
+        db.execute("""CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+                      BEGIN RAISE EXCEPTION 'not this one'; END $$""")
+        db.execute("CREATE TRIGGER refuse_claim BEFORE UPDATE OF state ON task FOR EACH ROW "
+                   "WHEN (NEW.\"group\" = 'poison' AND OLD.state = 'PLAN') EXECUTE FUNCTION refuse_claim()")
+        poison = db.insert("SELECT 1", group="poison")
+        wait_for(lambda: "a claim pass failed (not this one" in service.output(), message="the refusal logged")
+        assert db.task(poison)["state"] == "PLAN"
+        locker.execute("SELECT pg_advisory_unlock(4247)")
+        assert db.wait_state(running)["state"] == "DONE"  # not cancelled by a scheduler restart
+    db.execute("DROP TRIGGER refuse_claim ON task")
+    assert db.wait_state(poison, timeout=30)["state"] == "DONE"
+    assert "scheduler failed" not in service.output()
