@@ -432,3 +432,17 @@ def test_a_claim_the_database_refuses_stops_nothing_that_runs(db, service):
     db.execute("DROP TRIGGER refuse_claim ON task")
     assert db.wait_state(poison, timeout=30)["state"] == "DONE"
     assert "scheduler failed" not in service.output()
+
+
+def test_an_expired_row_someone_holds_locked_holds_up_no_claims(db, service):
+    """The expiry skips a row a user's open transaction holds locked (it expires in a later pass)
+    instead of waiting for it with the claim pass."""
+    expired = db.insert("SELECT 1", plan="2000-01-01", active="1 second")
+    with db.connect() as locker:
+        locker.execute("BEGIN")
+        locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (expired,))
+        others = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]
+        assert [db.wait_state(i)["state"] for i in others] == ["DONE"] * 3
+        assert db.task(expired)["state"] == "PLAN"
+        locker.execute("COMMIT")
+    assert db.wait_state(expired)["state"] == "GONE"
