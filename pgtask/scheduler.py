@@ -677,16 +677,32 @@ class Scheduler:
     async def complete(self, task: Task, output: str | None, error: str | None, spawner_max: int, done: int,
                        born) -> Task | None:
         """After a run: finish the task and return the group's next task for the same session
-        (within count/live), or None. A run cancelled by SIGTERM's grace deadline is put back."""
-        if task.id in self.drain_cancelled:
+        (within count/live), or None. A run cancelled by SIGTERM's grace deadline is put back --
+        unless its input succeeded all the same (it ended just then, or handled the cancel): its
+        work is committed, and it is finished as any other.
+
+        Within count/live the finish and the next task's claim hold the control lock, so a claim
+        pass cannot hand that task to another session in between (the manual's task_live); a
+        finish that takes longer than SLOW_FLUSH (a row lock someone else holds, a slow trigger)
+        lets go of it -- claim passes for every other group wait on that lock -- and the session
+        takes no next task."""
+        if task.id in self.drain_cancelled and error is not None:
             await self.requeue(task)
             return None
         if self._keeps_session(task):
-            # Finish and take the group's next task under the control lock, so a claim pass cannot
-            # hand that task to another session in between (the manual's task_live).
             async with self.control_lock:
-                await self.finish(task, output, error)
-                return await self.next_of_group(task, spawner_max, done, born)
+                finishing = asyncio.ensure_future(self.finish(task, output, error))
+                try:
+                    await asyncio.wait_for(asyncio.shield(finishing), self.SLOW_FLUSH)
+                except TimeoutError:
+                    pass
+                except BaseException:
+                    finishing.cancel()
+                    raise
+                else:
+                    return await self.next_of_group(task, spawner_max, done, born)
+            await finishing
+            return None
         await self.finish(task, output, error)
         return None
 

@@ -244,3 +244,24 @@ def test_a_slow_user_trigger_on_a_finish_holds_up_no_claims(db, caplog):
     handed = [r.getMessage() for r in caplog.records if "handed its finishes to a writer" in r.getMessage()]
     assert len(handed) == 1, handed  # the second went to a writer at once
     assert "statement timeout" in handed[0]
+
+
+def test_a_count_task_whose_finish_waits_on_a_row_lock_holds_up_no_claims(db, service):
+    """Within count/live a finish holds the control lock, which every claim pass needs: one that
+    waits (on a row lock someone else holds) lets go of it after SLOW_FLUSH, and other groups'
+    tasks are claimed and finished meanwhile."""
+    with db.connect() as locker:
+        locker.execute("SELECT pg_advisory_lock(4248)")  # the counted task runs until this is released
+        counted = db.insert("SELECT pg_advisory_xact_lock_shared(4248)", group="a", count=5)
+        db.wait_state(counted, states=("WORK",))
+        locker.execute("BEGIN")
+        locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (counted,))  # held until COMMIT
+        locker.execute("SELECT pg_advisory_unlock(4248)")  # the task ends; its finish waits
+        wait_for(lambda: db.value(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%pgtask_flush%%'"),
+            message="the counted task's finish to wait for the row lock")
+        quick = db.insert("SELECT 1", group="b")
+        assert db.wait_state(quick, timeout=10)["state"] == "DONE"
+        assert db.task(counted)["state"] == "WORK"  # its finish still waits
+        locker.execute("COMMIT")
+    assert db.wait_state(counted)["state"] == "DONE"

@@ -285,6 +285,20 @@ def test_sigterm_grace_over_requeues(db, service_factory):
     db.wait_state(task_id, states=("WORK",))
 
 
+def test_sigterm_grace_over_finishes_a_task_that_succeeded_all_the_same(db, service_factory):
+    """A task the grace deadline cancels, whose input handles the cancel and succeeds: its work is
+    committed, so it is finished (DONE, its output), not put back to run again."""
+    db.execute("CREATE TABLE drained (x int)")
+    svc = service_factory(db.name, "[pgtask]\ngrace = 0.5\nreset_check = 0.5\n")
+    task_id = db.insert("DO $$BEGIN PERFORM pg_sleep(30); EXCEPTION WHEN query_canceled THEN NULL; END$$; "
+                        "INSERT INTO drained VALUES (1)")
+    db.wait_state(task_id, states=("WORK",))
+    assert svc.stop(signal.SIGTERM) == 0
+    row = db.task(task_id)
+    assert (row["state"], row["output"], row["error"]) == ("DONE", "DO\nINSERT 0 1", None)
+    assert db.value("SELECT count(*) FROM drained") == 1
+
+
 def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
     env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
     cfg = tmp_path / "p.toml"
