@@ -448,10 +448,12 @@ def preamble(task: Task, schema: str, table: str, oid: int, set_role: bool, rese
     the author's pg_task.spi. One round trip and one transaction, which commits without waiting for
     the WAL flush, as the service's own TAKE -> WORK writes. Its one row: (started, spi, ...).
     ``reset``: the session is first reset from its previous task (RESET_SESSION); ``own``: the
-    session's own settings (Session.settings), which need no set_config.
+    session's own settings (Session.settings), which need no set_config. Its transaction is READ
+    WRITE (first, before any statement takes a snapshot) whatever the author's
+    default_transaction_read_only: the start is pgtask's write, not the author's.
     """
-    return (f"{_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, {spi_mode.setting(set_role)}, "
-            f"{_session_settings(task, schema, table, oid, reset, own)}")
+    return (f"SET TRANSACTION READ WRITE; {_lead(task, set_role, reset)}SELECT {_start(task, schema, table)}, "
+            f"{spi_mode.setting(set_role)}, {_session_settings(task, schema, table, oid, reset, own)}")
 
 
 # Input that may not share its query string with the preamble: statements that refuse to run in a
@@ -481,11 +483,13 @@ def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Se
     for every task.) It fails -- and then nothing of it, nor the input, runs -- when the task cannot
     start (its lease was lost) or the author's pg_task.spi is no longer the value this session last
     read (the input would run in the wrong mode): the caller then rolls the block back and takes
-    the two round trips.
+    the two round trips. The block is READ WRITE whatever the author's default_transaction_read_only
+    (as the preamble of two round trips): the start is pgtask's write, the input runs as the author
+    set it.
     """
     expected = sql.Literal(session.spi).as_string(None) if session.spi is not None else "NULL"
     # 1 / false::int: an error (division by zero) computed at run time, after the start function
-    text = (f"BEGIN; {_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
+    text = (f"BEGIN READ WRITE; {_lead(task, session.set_role, reset)}SELECT 1 / ({_start(task, schema, table)} "
             f"AND {spi_mode.setting(session.set_role)} IS NOT DISTINCT FROM {expected})::int, "
             f"{_session_settings(task, schema, table, oid, reset, session.settings)}; COMMIT; ")
     statements = 1 + (_RESET_STATEMENTS.count(";") + 1 if reset else 0) + int(session.set_role) + 2

@@ -460,3 +460,26 @@ def test_an_expired_row_someone_holds_locked_holds_up_no_claims(db, service):
         assert db.task(expired)["state"] == "PLAN"
         locker.execute("COMMIT")
     assert db.wait_state(expired)["state"] == "GONE"
+
+
+def test_a_read_only_role_runs_its_tasks_read_only(db, service):
+    """An author whose transactions are read-only by default (ALTER ROLE ... SET
+    default_transaction_read_only) runs tasks: pgtask's own start write is not the author's (in
+    two round trips, the session's first task, and in one, a task of another group on that
+    session), and the input is read-only as the author set it."""
+    db.role("reader")
+    db.execute("ALTER ROLE reader SET default_transaction_read_only = on")
+    try:
+        with db.connect("reader") as reader:
+            reader.execute("SET default_transaction_read_only = off")  # to insert; its tasks' sessions are not
+            def run(text: str, group: str) -> dict:
+                task_id = reader.execute("INSERT INTO task (input, \"group\") VALUES (%s, %s) RETURNING id",
+                                         (text, group)).fetchone()[0]
+                return db.wait_state(task_id)
+            first, other = run("SELECT 42", "r1"), run("SELECT 43", "r2")
+            assert [(r["state"], r["output"]) for r in (first, other)] == [("DONE", "42"), ("DONE", "43")]
+            assert first["pid"] == other["pid"]  # the same session: the second took one round trip
+            refused = run("CREATE TABLE reader_made ()", "r3")
+    finally:
+        db.execute("ALTER ROLE reader RESET default_transaction_read_only")
+    assert refused["state"] == "FAIL" and "read-only transaction" in refused["error"], refused["error"]
