@@ -47,6 +47,7 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 # backlog, see "claim" in queries.sql), and no JIT (none of them runs long enough to gain from
 # compiling; a plan estimated on a large table would be compiled on every run).
 PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET jit = off"
+REFUSED = "refused"  # a finish the database refused, its failure too (see Scheduler._finish_one)
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
 CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
@@ -210,6 +211,7 @@ class Scheduler:
         # waiting for, and the timer that ends a claim pass's wait for them (see _spawn_flusher)
         self.cohort: set[int] = set()
         self.cohort_check: asyncio.TimerHandle | None = None
+        self.refused_writes: set[asyncio.Task] = set()  # see _write_refused
         self.maintenance = None if options.maintenance is None else Maintenance(
             self.conninfo, entry.schema, entry.table, MaintenanceOptions.from_service(options.maintenance),
             entry.label())
@@ -607,10 +609,17 @@ class Scheduler:
                     self.not_started(task)
                     return
                 except psycopg.OperationalError as exc:
-                    log.warning("task %s: executor connection lost (%s); it will run again", task.id,
-                                reason(exc))
                     await self.sessions.discard(session)
                     session = None
+                    if task.attempt >= self.LOST_ATTEMPTS:  # most likely the input's own doing
+                        log.error("task %s: executor connection lost (%s), attempt %s: it fails", task.id,
+                                  reason(exc), task.attempt)
+                        await self.finish(task, "", simple_error(
+                            f"the task's session ended while it ran, {task.attempt} times in a row",
+                            reason(exc), statement=task.input))
+                        return
+                    log.warning("task %s: executor connection lost (%s); it will run again", task.id,
+                                reason(exc))
                     await self.requeue(task)
                     return
                 except Exception as exc:  # noqa: BLE001 -- any bug of ours: see failed_in_service
@@ -735,10 +744,15 @@ class Scheduler:
     async def finish(self, task: Task, output: str | None, error: str | None) -> None:
         """DONE/FAIL (STOP stays), the next repeat, delete: one fenced transaction shared with other
         tasks' finishes (group commit); a task pausing its group (negative max) has its own."""
-        if task.max < 0:
-            await self._finish_one(task, output, error)
+        alone = task.max < 0
+        written = await (self._finish_one(task, output, error) if alone else self._submit("f", task, (output, error)))
+        if written is REFUSED:  # still WORK, its lock held (see _write_refused); its session moves on
+            if task.id in self.inflight:
+                self.inflight[task.id] = (task, None)
             return
-        if not await self._submit("f", task, (output, error)):
+        if alone:
+            return  # released by _finish_one
+        if not written:
             log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
         # written by a claim pass: that pass claimed after it, counting its room (see claim_pass),
         # and a pass now would find nothing more
@@ -752,6 +766,10 @@ class Scheduler:
     # holds must not hold up every other task's writes.
     # Every row stays fenced on attempt + lease; if a batch fails for a reason of the database (a
     # user's trigger refusing one row), each of its rows is written on its own, as before.
+    # A task whose session ends while it runs runs again (the server restarted, someone ended the
+    # backend), up to its LOST_ATTEMPTS-th attempt: then it fails with the reason (an input that
+    # ends its own session, or crashes its backend, would otherwise run for ever).
+    LOST_ATTEMPTS = 10
     MAX_FLUSHERS = 2
     SLOW_FLUSH = 0.05
     PASS_WRITES_PAUSE = 1.0
@@ -914,9 +932,10 @@ class Scheduler:
         return _matched(results)
 
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
-                          release: bool = True) -> bool:
+                          release: bool = True) -> bool | str:
         """One task's finish in its own transaction (negative max, or a batch that failed).
-        Returns False when the lease was lost (logged and released here when ``release``)."""
+        Returns False when the lease was lost (logged and released here when ``release``), REFUSED
+        when the database refused the finish and the failure (see _write_refused)."""
         params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
         backoff = Backoff()
         refused = 0
@@ -942,13 +961,20 @@ class Scheduler:
                 await asyncio.sleep(delay)
             except psycopg.Error as exc:
                 # Something in the database (a user's trigger on the table, most likely) refused the
-                # finish. Record why, without repeat/delete/pause; if even that fails, give up loudly.
+                # finish. Record why, without repeat/delete/pause. If even that is refused, the task
+                # stays WORK with its liveness lock held (released, it would be reset and run again,
+                # over and over) and _write_refused writes the failure again, later each time.
                 refused += 1
                 log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
                 if refused > 1:
                     break
                 params = {**params, "output": output or "", "error": (error + "\n" if error else "") +
                           simple_error(f"finishing the task failed: {str(exc).strip()}")}
+        if refused > 1:
+            t = asyncio.create_task(self._write_refused(task, params), name=f"refused finish {task.id}")
+            self.refused_writes.add(t)
+            t.add_done_callback(self.refused_writes.discard)
+            return REFUSED
         lost = row is None and not refused
         if release:
             if lost:
@@ -956,6 +982,27 @@ class Scheduler:
             self._release(task)
         return not lost
 
+
+    async def _write_refused(self, task: Task, params: dict) -> None:
+        """A task whose finish and failure the database refused (see _finish_one): its failure is
+        written again, later each time (up to a minute apart), until the database takes it --
+        someone mended the trigger -- or the service stops; only then is the task released."""
+        backoff = Backoff(first=1.0, cap=60.0)
+        while not self.stopping:
+            delay = backoff.next()
+            log.error("task %s: its failure was refused too; it stays WORK, writing it again in %.1fs",
+                      task.id, delay)
+            await asyncio.sleep(delay)
+            try:
+                async with self.writers.connection() as conn, conn.transaction():
+                    row = await (await conn.execute(self.q("finish"), params)).fetchone()
+            except psycopg.Error as exc:
+                log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
+                continue
+            if row is None:
+                log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
+            self._release(task)
+            return
 
     def _release(self, task: Task, wake: bool = True) -> None:
         """The task ended here: its liveness lock is dropped by the next claim pass, which ``wake``
@@ -1056,9 +1103,9 @@ class Scheduler:
         if self.analyzing is not None:
             self.analyzing.cancel()
             await asyncio.gather(self.analyzing, return_exceptions=True)
-        for t in list(self.tasks):
+        for t in [*self.tasks, *self.refused_writes]:
             t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, *self.refused_writes, return_exceptions=True)
         for timer in (self.flush_check, self.cohort_check):
             if timer is not None:
                 timer.cancel()

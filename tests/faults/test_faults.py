@@ -123,6 +123,17 @@ def test_executor_backend_terminated_reruns(db, service):
     assert db.value("SELECT count(*) FROM runs") == 1  # the first run's transaction was rolled back
 
 
+def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service):
+    """A lost session makes its task run again -- but not for ever: at its LOST_ATTEMPTS-th attempt
+    (an input that ends or crashes its own backend) it fails with the reason."""
+    task_id = db.insert("SELECT pg_terminate_backend(pg_backend_pid())")
+    row = db.wait_state(task_id, timeout=60)
+    assert (row["state"], row["attempt"]) == ("FAIL", Scheduler.LOST_ATTEMPTS), row
+    assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {Scheduler.LOST_ATTEMPTS} "
+                                   "times in a row\nDETAIL:  "), row["error"]
+    assert row["error"].endswith("STATEMENT:  SELECT pg_terminate_backend(pg_backend_pid())"), row["error"]
+
+
 def test_stale_executor_writes_nothing(db, service_factory):
     """A row reset and re-claimed under a running executor: the old run's result is dropped."""
     service = service_factory(db.name, "[pgtask]\nreset_check = 600\n")

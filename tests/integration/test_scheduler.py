@@ -415,6 +415,27 @@ def test_a_finish_a_user_trigger_refuses_is_written_on_its_own(db, service):
     assert [r["state"] for r in rows[:4] + rows[5:]] == ["DONE"] * 11
 
 
+def test_a_task_whose_every_finish_is_refused_stays_work_and_runs_once(db, service_factory):
+    """When a user's trigger refuses the failure too, the task stays WORK, its liveness lock held
+    (released, orphan checks would run it again and again), and the failure is written again
+    later until the database takes it."""
+    db.execute("CREATE TABLE runs (id bigint)")
+    db.execute("""CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN
+        IF NEW.state IN ('DONE', 'FAIL') AND NEW."group" = 'stuck' THEN RAISE EXCEPTION 'never'; END IF;
+        RETURN NEW; END$$""")
+    db.execute("CREATE TRIGGER refuse_all BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION refuse_all()")
+    svc = service_factory(db.name, "[pgtask]\nreset_check = 0.2\n")
+    task_id = db.insert("INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint)", group="stuck")
+    wait_for(lambda: svc.output().count(f"task {task_id}: its failure was refused too") >= 2, 20,
+             message="the failure to be refused twice over")
+    assert db.task(task_id)["state"] == "WORK"
+    assert db.value("SELECT count(*) FROM runs") == 1  # not reset, not run again
+    db.execute("DROP TRIGGER refuse_all ON task")
+    row = db.wait_state(task_id, timeout=30)
+    assert row["state"] == "FAIL" and "finishing the task failed: never" in row["error"], row["error"]
+    assert db.value("SELECT count(*) FROM runs") == 1
+
+
 def test_extreme_timeout_and_active_values_run(db, service):
     """A timeout of a month (more milliseconds than statement_timeout's int holds: it gets the
     most there is) and an active window of millions of years must not fail the claim."""
