@@ -134,13 +134,15 @@ class TableProvisioner:
     """Brings one schema.table to the current definition, inside the entry's database."""
 
     def __init__(self, conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
-                 owner: str | None = None):
+                 owner: str | None = None, service: str | None = None):
         self.conn, self.schema, self.table, self.report = conn, schema, table, report
-        self.owner = owner
+        self.owner, self.service = owner, service
         self.ids = {
             "schema": sql.Identifier(schema),
             "table": sql.Identifier(schema, table),
             "state": sql.Identifier(schema, "state"),
+            # the roles the service runs as for this table (see "update" in triggers.sql)
+            "service": sql.Identifier(schema, _ident_name(f"{table}_service")),
         }
         self.name = f"{schema}.{table}"
 
@@ -156,7 +158,22 @@ class TableProvisioner:
         await self.indexes()
         await self.triggers(oid)
         await self.extras(oid)
+        await self.register_service()
         return oid
+
+    async def register_service(self) -> None:
+        """The role the entry's service runs as may write the tasks' progress (see "update" in
+        triggers.sql): registered in <table>_service, unless it owns the table or is a superuser."""
+        if not self.service:
+            return
+        cur = await self.conn.execute(sql.SQL(
+            """INSERT INTO {} ("role") SELECT %s WHERE NOT EXISTS (SELECT FROM pg_roles
+               WHERE rolname = %s AND (rolsuper OR pg_has_role(%s, (SELECT relowner FROM pg_class
+                                                                     WHERE oid = %s::regclass), 'USAGE')))
+               ON CONFLICT DO NOTHING RETURNING "role" """).format(self.ids["service"]),
+            (self.service, self.service, self.service, self.name_literal()))
+        if await cur.fetchone() is not None:
+            self.report.add(f"registered role {self.service} as the service of {self.name}")
 
     async def schema_and_type(self) -> None:
         c = self.conn
@@ -344,6 +361,8 @@ class TableProvisioner:
             if await self._relation(rel) is None:
                 await c.execute(q(f"create_{kind}"))
                 await c.execute(q(f"comment_{kind}"))
+                if kind == "service":  # the triggers read it as whoever writes the task table
+                    await c.execute(q("grant_service"))
                 if self.owner:  # provisioning on behalf of the entry's role: it owns these too
                     await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
                         ids[kind], sql.Identifier(self.owner)))
@@ -388,7 +407,8 @@ class TableProvisioner:
 
 
 # placeholder -> table name suffix (the table is <task table>_<suffix> in the same schema)
-EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group"}
+EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group",
+                "service": "service"}
 # index name suffix -> (table it is on, query in schedule.sql)
 EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
                  "key_expires_idx": ("keys", "index_keys_expires")}
@@ -416,16 +436,17 @@ def _ident_name(name: str) -> str:
 
 
 async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,
-                          owner: str | None = None) -> int:
+                          owner: str | None = None, service: str | None = None) -> int:
     """Run all table steps in one transaction; returns the table oid.
 
     ``owner``: provision as an administrator on behalf of that role: the schema, enum and table
     created are owned by it, so the entry's role needs no CREATE right on a database it does not own.
+    ``service``: the role the entry's service runs as (register_service).
     """
     async with conn.transaction():
         # one provisioner at a time per table, across service instances
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask provision {schema}.{table}",))
-        return await TableProvisioner(conn, schema, table, report, owner).run()
+        return await TableProvisioner(conn, schema, table, report, owner, service).run()
 
 
 _IDENT = re.compile(r"^[^\x00]+$")

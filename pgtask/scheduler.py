@@ -149,6 +149,21 @@ def with_liveness(conninfo: str) -> str:
     return make_conninfo(conninfo, **extra)
 
 
+# The service's own connections (control, writers, listener, maintenance) set the timeouts their
+# statements need themselves: a role's or database's statement_timeout or lock_timeout (ALTER ROLE
+# ... SET) would cancel claims and finishes -- read as a lost connection -- over and over. Executor
+# sessions start with no statement_timeout either (their preamble would run under it): each task's
+# input gets its own (the row's timeout); the author's lock_timeout and the rest stay theirs.
+OWN_TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+
+
+def without_timeouts(conninfo: str, names: tuple[str, ...] = OWN_TIMEOUTS) -> str:
+    """``conninfo`` with the timeouts ``names`` off (0) in its options, unless the options set them."""
+    options = conninfo_to_dict(conninfo).get("options", "") if conninfo else ""
+    extra = " ".join(f"-c {name}=0" for name in names if name not in options)
+    return make_conninfo(conninfo, options=f"{options} {extra}".strip()) if extra else conninfo
+
+
 class Backoff:
     """Bounded exponential backoff with jitter for reconnects."""
 
@@ -168,8 +183,9 @@ class Scheduler:
     def __init__(self, entry: Entry, base_conninfo: str, options: Options):
         self.entry, self.options = entry, options
         base_conninfo = with_liveness(base_conninfo)
-        self.conninfo = make_conninfo(base_conninfo, dbname=entry.data, user=entry.user)
-        self.base_for_sessions = make_conninfo(base_conninfo, dbname=entry.data)
+        self.conninfo = without_timeouts(make_conninfo(base_conninfo, dbname=entry.data, user=entry.user))
+        self.base_for_sessions = without_timeouts(make_conninfo(base_conninfo, dbname=entry.data),
+                                                  ("statement_timeout",))
         self.table = sql.Identifier(entry.schema, entry.table)
         self.oid = 0
         self.copy_columns = ""
@@ -294,6 +310,7 @@ class Scheduler:
         self.ready.set()
         last_reset = time.monotonic()
         refused = Backoff(first=0.5, cap=10.0)  # the database refusing the claim itself (see below)
+        lost = Backoff(first=0.05)  # the control connection lost pass after pass
         try:
             while not self.stopping:
                 timeout = self.options.sleep
@@ -310,10 +327,13 @@ class Scheduler:
                         async with self.control_lock:
                             await self.refresh_columns(self.control)
                     refused.reset()
+                    lost.reset()
                 except psycopg.OperationalError as exc:
-                    log.warning("%s: connection lost (%s); reconnecting", self.entry.label(),
-                                reason(exc))
+                    delay = lost.next()
+                    log.warning("%s: connection lost (%s); reconnecting in %.2fs", self.entry.label(),
+                                reason(exc), delay)
                     await self._close_control()
+                    await asyncio.sleep(delay)
                     await self.connect_control()
                     continue
                 except psycopg.Error as exc:

@@ -20,7 +20,7 @@ from . import config as cfgmod
 from . import provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
-from .scheduler import Options, Scheduler
+from .scheduler import Options, Scheduler, without_timeouts
 
 log = logging.getLogger("pgtask.supervisor")
 
@@ -74,7 +74,7 @@ def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
 
 async def resolve(cfg: Config, conninfo: str) -> Resolved:
     """Entries after the manual's precedence: entry > role settings > database settings > config."""
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
         cur = await conn.execute("SELECT current_user, current_database()")
         me, mydb = await cur.fetchone()
         server: dict[str, str | None] = {}
@@ -176,6 +176,7 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
     """Provision every entry. With ``failed``, an entry that cannot be provisioned is reported
     there and the others go on (the service); without it the error propagates (`pgtask provision`)."""
     report = provision.Report()
+    conninfo = without_timeouts(conninfo)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as admin:
         for entry in entries:
             try:
@@ -192,7 +193,7 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
                                          (entry.user, entry.user))
                 on_behalf = (await cur.fetchone())[0]
                 await provision.provision_table(conn, entry.schema, entry.table, report,
-                                                owner=entry.user if on_behalf else None)
+                                                owner=entry.user if on_behalf else None, service=entry.user)
                 await conn.commit()
         except psycopg.Error as exc:
             if failed is None:

@@ -78,6 +78,19 @@ CREATE TABLE {groups} (
 -- comment_groups --
 COMMENT ON TABLE {groups} IS 'Admission control: capacity of a group (PLAN + TAKE + WORK rows) (pgtask)'
 
+-- create_service --
+-- The roles pgtask's service runs as for this table (its entries' users, registered by
+-- provisioning) that neither own the table nor are superusers: besides those, only they write a
+-- task's progress (see "update" in triggers.sql).
+CREATE TABLE {service} ("role" name PRIMARY KEY)
+
+-- comment_service --
+COMMENT ON TABLE {service} IS 'The roles the pgtask service runs as for this table (pgtask)'
+
+-- grant_service --
+-- The task table's triggers read it as the role that writes a task.
+GRANT SELECT ON {service} TO PUBLIC
+
 -- capacity --
 -- BEFORE INSERT on the task table: admission control. Only groups with a row in {groups} are
 -- checked; they serialize on that row (FOR UPDATE), so concurrent inserts count each other.

@@ -61,17 +61,19 @@ CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUN
 -- insert --
 -- "user" is the inserting role, unless that role is a member of the role it names. A row starts
 -- PLAN (or STOP: held back for good) with no backend of its own, unless the service inserts it
--- (the table's owner, or a superuser): a row inserted as WORK with someone's pid would let the
--- STOP trigger cancel that backend.
+-- (see "update" for who that is): a row inserted as WORK with someone's pid would let the STOP
+-- trigger cancel that backend.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
     IF (NEW."pid" IS NOT NULL OR NEW."state" NOT IN ('PLAN', 'STOP'))
-       AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
-                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
-        RAISE EXCEPTION 'permission denied to insert task in state % or with a pid', NEW."state"
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Insert tasks in state PLAN (the default) or STOP; pgtask writes the rest.';
+       AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
+        IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+               OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+            RAISE EXCEPTION 'permission denied to insert task in state % or with a pid', NEW."state"
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Insert tasks in state PLAN (the default) or STOP; pgtask writes the rest.';
+        END IF;
     END IF;
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
@@ -126,11 +128,12 @@ $body$
 --   sets its own repeat to 0): its own session (the row's pid) with pg_task.id naming it, acting
 --   as the task's role (pg_task.id alone can be SET by anyone);
 --   the task's progress (state, pid, attempt, lease, start, stop, output, error) is written only
---   by the service (the table's owner, or a superuser) and the start function; anyone else may
---   only STOP a task, and only one of a role they are a member of;
+--   by the service -- a superuser, the table's owner, or a role provisioning registered as the
+--   one an entry's service runs as ({service}) -- and the start function; anyone else may only
+--   STOP a task, and only one of a role they are a member of;
 --   state moves only PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
--- The service's own sessions are told apart first by a setting no one can SET (is_superuser, the
--- session's role): no catalog lookup for its writes.
+-- A superuser's own session is told apart first, by a setting no one can SET (is_superuser, the
+-- session's role) in an expression without a query: the service's writes cost no lookup there.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
@@ -169,19 +172,24 @@ BEGIN
         OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
            IS DISTINCT FROM
            (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error"))
-       AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
-                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
-        RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
-                         'a task is cancelled with UPDATE ... SET state = ''STOP''.';
+       AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
+        IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+               OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+            RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
+                             'a task is cancelled with UPDATE ... SET state = ''STOP''.';
+        END IF;
     END IF;
-    IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP'
-       AND NOT pg_has_role(current_user, OLD."user", 'MEMBER')
-       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE') THEN
-        RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Only members of the role a task runs as may stop it.';
+    IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP' AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
+        IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
+                 AND pg_has_role(current_user, OLD."user", 'MEMBER'))
+                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+            RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Only members of the role a task runs as may stop it.';
+        END IF;
     END IF;
     IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
            (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'WORK', 'GONE', 'STOP'))

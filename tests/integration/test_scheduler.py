@@ -436,6 +436,20 @@ def test_a_task_whose_every_finish_is_refused_stays_work_and_runs_once(db, servi
     assert db.value("SELECT count(*) FROM runs") == 1
 
 
+def test_a_database_statement_timeout_does_not_cancel_the_services_own_statements(db, service_factory):
+    """ALTER DATABASE/ROLE ... SET statement_timeout (or lock_timeout) is for the users' sessions:
+    the service's own connections set theirs (claims and finishes cancelled by it read as lost
+    connections, over and over). A task's input still gets the timeout its row gives it."""
+    db.execute(f'ALTER DATABASE "{db.name}" SET statement_timeout = 1')
+    db.execute(f'ALTER DATABASE "{db.name}" SET lock_timeout = 1')
+    svc = service_factory(db.name)
+    ids = [db.insert("SELECT pg_sleep(0.01)", group=f"g{i % 4}") for i in range(20)]
+    timed = db.insert("SELECT pg_sleep(5)", timeout="1 second")
+    assert [db.wait_state(i)["state"] for i in ids] == ["DONE"] * len(ids)
+    assert "canceling statement due to statement timeout" in db.wait_state(timed)["error"]
+    assert "connection lost" not in svc.output()
+
+
 def test_extreme_timeout_and_active_values_run(db, service):
     """A timeout of a month (more milliseconds than statement_timeout's int holds: it gets the
     most there is) and an active window of millions of years must not fail the claim."""
