@@ -91,9 +91,14 @@ def connect_params(user: dict, schema: str, table: str, oid: int, group: str, en
     return params
 
 
-def preamble(task: Task) -> str:
-    """``SET SESSION "pg_task.id"`` and the statement timeout (RESET when none), one simple query."""
+def preamble(task: Task, check_client: bool = False) -> str:
+    """``SET SESSION "pg_task.id"`` and the statement timeout (RESET when none), one simple query.
+    ``check_client`` (PostgreSQL 14 and later): the remote server checks every second that this
+    service is still there while a query runs (client_connection_check_interval), so a remote
+    task's query ends with a service that died, as a local one's does."""
     text = sql.SQL('SET SESSION "pg_task.id" = {};').format(sql.Literal(str(task.id))).as_string(None)
+    if check_client:
+        text += " SET SESSION client_connection_check_interval = 1000;"
     if task.timeout_ms > 0:
         return f'{text} SET SESSION "statement_timeout" = {int(task.timeout_ms)};'
     return f'{text} RESET "statement_timeout";'
@@ -164,11 +169,12 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
     ``started`` as in executor.run_input: awaited after the preamble; False raises NotStarted.
     Raises psycopg.OperationalError if the connection is lost.
     """
+    await remote.settled()  # a cancel meant for the task before on this connection must not reach this one
     enc = remote.encoding
     pgconn = remote.pgconn
     out = Output(task.format(), output_limit, enc)
     error: str | None = None
-    err = await wire.simple(pgconn, preamble(task), enc)
+    err = await wire.simple(pgconn, preamble(task, check_client=pgconn.server_version >= 140000), enc)
     if started is not None and not await started:
         raise NotStarted(task.id)
     if err is not None:

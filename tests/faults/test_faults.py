@@ -113,6 +113,21 @@ def test_cut_off_service_has_its_query_cancelled_and_rerun(db, service_factory):
              message="the task to run again")
 
 
+def test_a_killed_services_remote_query_is_cancelled_and_rerun(db, service_factory):
+    """As a local task's: the remote server checks for the vanished client while the query runs."""
+    db.execute("CREATE TABLE runs (id bigint)")
+    svc = service_factory(db.name)
+    task_id = db.insert(BODY.format(sleep=60), remote=db.dsn)
+    db.wait_state(task_id, states=("WORK",))
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
+                              "AND state = 'active' AND pid <> pg_backend_pid()") == 1, message="the remote query")
+    svc.kill()
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
+                              "AND state = 'active' AND pid <> pg_backend_pid()") == 0, 15,
+             message="the orphaned remote query to be cancelled")
+    assert db.value("SELECT count(*) FROM runs") == 0  # its transaction never committed
+
+
 def test_executor_backend_terminated_reruns(db, service):
     db.execute("CREATE TABLE runs (id bigint)")
     task_id = db.insert(BODY.format(sleep=2))
