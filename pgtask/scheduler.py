@@ -444,6 +444,13 @@ class Scheduler:
                 self._unoffer(offers)
                 await wire.simple(pgconn, "ROLLBACK")
                 self.to_unlock[:0] = ids  # again next time (an unlock of an id not held only warns)
+                if claim:
+                    # The liveness locks of the rows a failed claim had returned so far stay with the
+                    # session (session locks outlive the rollback): keep only the running tasks'.
+                    await wire.simple(pgconn, "SELECT pg_advisory_unlock_all(); SELECT pg_advisory_lock("
+                                      f"({oid}::bigint << 32) | (id & 4294967295)) "
+                                      f"FROM unnest({_int_array(self.inflight)}::bigint[]) id")
+                    self.to_unlock = []
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
                     log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),
                              errors.error_from_result(error, encoding=self.control.info.encoding))

@@ -1,5 +1,6 @@
 """The scheduler through the real `pgtask run`: timing columns, repeat, groups, reuse, STOP, recovery."""
 
+import asyncio
 import itertools
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import psycopg
 import pytest
 from support import wait_for
 
@@ -448,6 +450,32 @@ def test_a_database_statement_timeout_does_not_cancel_the_services_own_statement
     assert [db.wait_state(i)["state"] for i in ids] == ["DONE"] * len(ids)
     assert "canceling statement due to statement timeout" in db.wait_state(timed)["error"]
     assert "connection lost" not in svc.output()
+
+
+def test_a_refused_claim_leaves_no_liveness_lock_behind(db):
+    """The liveness locks a claim takes for the rows it returned before the one refused stay with
+    the control session (session locks outlive the rollback): the failed pass drops them."""
+    db.execute("""CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN RAISE EXCEPTION 'not this one'; END $$""")
+    db.execute("CREATE TRIGGER refuse_claim BEFORE UPDATE OF state ON task FOR EACH ROW "
+               "WHEN (NEW.\"group\" = 'poison' AND OLD.state = 'PLAN') EXECUTE FUNCTION refuse_claim()")
+    for i in range(4):
+        db.insert("SELECT 1", group=f"g{i}")
+    db.insert("SELECT 1", group="poison")
+
+    async def go() -> None:
+        sched = db.scheduler(run=10)
+        await sched.start()
+        try:
+            with pytest.raises(psycopg.errors.RaiseException, match="not this one"):
+                await sched.claim_pass()
+            assert db.execute("SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                              (sched.control.info.backend_pid,)) == []
+        finally:
+            await sched.close()
+
+    asyncio.run(go())
+    assert db.value("SELECT count(*) FROM task WHERE state <> 'PLAN'") == 0
 
 
 def test_extreme_timeout_and_active_values_run(db, service):
