@@ -133,7 +133,8 @@ $body$
 --   STOP a task, and only one of a role they are a member of;
 --   state moves only PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
 -- A superuser's own session is told apart first, by a setting no one can SET (is_superuser, the
--- session's role) in an expression without a query: the service's writes cost no lookup there.
+-- session's role) in an expression without a query: the service's writes cost no comparison and
+-- no lookup there.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
@@ -168,27 +169,28 @@ BEGIN
                       HINT = 'Only members of the role a task runs as may change it.';
         END IF;
     END IF;
-    IF ((NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
-        OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
-           IS DISTINCT FROM
-           (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error"))
-       AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
-        IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-               OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
-            RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
-                             'a task is cancelled with UPDATE ... SET state = ''STOP''.';
+    IF NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
+        IF (NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
+           OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
+              IS DISTINCT FROM
+              (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error") THEN
+            IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+                    OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+                RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
+                                 'a task is cancelled with UPDATE ... SET state = ''STOP''.';
+            END IF;
         END IF;
-    END IF;
-    IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP' AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
-        IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
-                 AND pg_has_role(current_user, OLD."user", 'MEMBER'))
-                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
-            RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = 'Only members of the role a task runs as may stop it.';
+        IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP' THEN
+            IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
+                     AND pg_has_role(current_user, OLD."user", 'MEMBER'))
+                    OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+                    OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+                RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'Only members of the role a task runs as may stop it.';
+            END IF;
         END IF;
     END IF;
     IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
