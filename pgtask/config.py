@@ -10,6 +10,7 @@ and the value on the row are two more levels on top for those.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -85,6 +86,16 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "key_interval": (float, 60.0),       # seconds between idempotency-key expiry passes
     "key_batch": (int, 1000),            # reservations per DELETE
 }
+# [pgtask] numbers' bounds after their type: key -> (lowest, highest, whether the lowest itself
+# is allowed); floats must also be finite.
+SERVICE_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
+    "grace": (0, None, True), "embedded_port": (1, 65535, True), "output_limit": (0, None, True),
+    "reset_check": (0, None, False), "connecting": (1, None, True), "processes": (1, None, True),
+    "schedule_interval": (0, None, False), "schedule_batch": (1, None, True),
+    "retention_interval": (0, None, False), "retention_batch": (1, None, True),
+    "key_interval": (0, None, False), "key_batch": (1, None, True),
+}
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAINTENANCE_KEYS = ("schedule_interval", "schedule_batch", "retention", "retention_interval",
                     "retention_batch", "key_interval", "key_batch")
 
@@ -110,9 +121,25 @@ def _check_type(key: str, value: Any, kind: str) -> Any:
         raise ConfigError(f"{key}: expected {kind}, got {type(value).__name__} {value!r}")
     if kind == "interval" and isinstance(value, int):
         return f"{value} sec"
-    setting = BY_NAME.get(key)
-    if kind == "int" and setting and setting.minimum is not None and value < setting.minimum:
-        raise ConfigError(f"{key}: must be >= {setting.minimum}, got {value}")
+    if kind == "int":
+        check_minimum(key, value)
+    return value
+
+
+def _check_bounds(key: str, value: float, lowest: float, highest: float | None, inclusive: bool) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+    if value < lowest or (value == lowest and not inclusive):
+        raise ConfigError(f"{key}: must be {'>=' if inclusive else '>'} {lowest}, got {value!r}")
+    if highest is not None and value > highest:
+        raise ConfigError(f"{key}: must be <= {highest}, got {value!r}")
+
+
+def check_minimum(name: str, value: int, source: str = "") -> int:
+    """An int setting's value against its Setting.minimum (wherever the value came from)."""
+    setting = BY_NAME.get(name)
+    if setting is not None and setting.minimum is not None and value < setting.minimum:
+        raise ConfigError(f"{name}: must be >= {setting.minimum}, got {value}{f' ({source})' if source else ''}")
     return value
 
 
@@ -224,8 +251,10 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                     v = float(v)
                 if not isinstance(v, want) or isinstance(v, bool):
                     raise ConfigError(f"pgtask.{key}: expected {want.__name__}, got {v!r}")
-                if key in ("connecting", "processes") and v < 1:
-                    raise ConfigError(f"pgtask.{key}: must be >= 1, got {v!r}")
+                if key in SERVICE_BOUNDS:
+                    _check_bounds(f"pgtask.{key}", v, *SERVICE_BOUNDS[key])
+                if key == "log_level" and v.lower() not in LOG_LEVELS:
+                    raise ConfigError(f"pgtask.log_level: expected one of {', '.join(LOG_LEVELS)}, got {v!r}")
                 if key == "execute_as" and v not in ("auto", "login", "set_role"):
                     raise ConfigError(f"pgtask.execute_as: expected 'auto', 'login' or 'set_role', got {v!r}")
                 cfg.service[key] = v

@@ -121,6 +121,11 @@ async def resolve(cfg: Config, conninfo: str) -> Resolved:
         pick(name)
     entries: list[Entry] = []
     seen = set()
+    # intervals to check (_check_intervals): the file's, and each entry's reset below
+    intervals = [(name, str(value), False) for name, value in cfg.settings.items()
+                 if name in BY_NAME and BY_NAME[name].type == "interval"]
+    if cfg.svc("retention"):
+        intervals.append(("pgtask.retention", cfg.svc("retention"), True))
     for i, raw in enumerate(raw_entries):
         data = raw.get("data") or raw.get("user") or default_data
         user = raw.get("user") or raw.get("data") or default_user
@@ -149,11 +154,34 @@ async def resolve(cfg: Config, conninfo: str) -> Resolved:
         if entry.key not in seen:
             seen.add(entry.key)
             entries.append(entry)
+        source = sources[f"entry {i} reset"]
+        intervals.append((f"{source}.reset" if source.startswith("pg_task.json") else f"pg_task.reset ({source})",
+                          entry.reset, False))
+    await _check_intervals(conninfo, intervals)
     return Resolved(entries, sources, values)
 
 
+async def _check_intervals(conninfo: str, intervals: list[tuple[str, str, bool]]) -> None:
+    """Interval values of the configuration, as PostgreSQL reads them: (key, value, must be >= 0).
+    A wrong one is refused naming its key (the config file cannot tell, PostgreSQL's syntax is
+    its own)."""
+    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
+        for key, value, positive in intervals:
+            try:
+                cur = await conn.execute("SELECT %s::interval >= interval '0'", (value,))
+                above = (await cur.fetchone())[0]
+            except psycopg.Error as exc:
+                raise cfgmod.ConfigError(f"{key}: invalid interval {value!r} ({str(exc).strip()})") from None
+            if positive and not above:  # a negative retention would delete what just finished
+                raise cfgmod.ConfigError(f"{key}: must not be a negative interval, got {value!r}")
+
+
 def _convert(name: str, raw: str) -> Any:
+    """A value set in the server (postgresql.conf, ALTER SYSTEM/DATABASE/ROLE), checked as the
+    config file's are."""
     kind = BY_NAME[name].type if name in BY_NAME else "text"
+    if kind == "int" and raw.strip().lstrip("+-").isdigit():
+        return cfgmod.check_minimum(name, int(raw), "set in the server")
     try:
         if kind == "int":
             return int(raw)

@@ -152,8 +152,13 @@ def test_retention_and_enqueue_interleaved(db):
 
 
 def test_failed_pass_never_blocks_claiming(db, service_factory):
-    """A broken retention setting fails every pass; tasks are claimed and run all the same."""
-    svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nretention = 'not an interval'\n"
+    """A retention pass that fails (a user's trigger refuses the DELETE) fails every pass; tasks
+    are claimed and run all the same. (A retention value that is no interval is refused at start,
+    see test_cli_provision_json_and_config_errors.)"""
+    db.execute("""CREATE FUNCTION keep_all() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN RAISE EXCEPTION 'kept'; END $$""")
+    db.execute("CREATE TRIGGER keep_all BEFORE DELETE ON task FOR EACH ROW EXECUTE FUNCTION keep_all()")
+    svc = service_factory(db.name, "[pgtask]\nreset_check = 0.5\nretention = '0 sec'\n"
                                    "retention_interval = 0.1\n")
     tid = db.insert("SELECT 42")
     assert db.wait_state(tid)["state"] == "DONE"

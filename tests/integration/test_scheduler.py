@@ -321,7 +321,16 @@ def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
     bad = tmp_path / "bad.toml"
     for text, key in [('[pg_task]\nsleep = "1s"\n', "pg_task.sleep"), ("[pg_task]\nslep = 1\n", "pg_task.slep"),
                       ('[pgtask]\ngrace = "x"\n', "pgtask.grace"), ("[pg_task]\ngroup = 'x'\n", "pg_task.group"),
-                      ('[pg_task]\njson = [{data = "d", colour = 1}]\n', "pg_task.json[0].colour")]:
+                      ('[pg_task]\njson = [{data = "d", colour = 1}]\n', "pg_task.json[0].colour"),
+                      ('[pgtask]\nretention = "-1 day"\n', "pgtask.retention: must not be a negative interval"),
+                      ('[pgtask]\nretention = "30 dayz"\n', "pgtask.retention: invalid interval"),
+                      ("[pgtask]\nschedule_batch = 0\n", "pgtask.schedule_batch: must be >= 1"),
+                      ("[pgtask]\nreset_check = nan\n", "pgtask.reset_check: must be a finite number"),
+                      ("[pgtask]\ngrace = -10.0\n", "pgtask.grace: must be >= 0"),
+                      ('[pgtask]\nlog_level = "verbose"\n', "pgtask.log_level"),
+                      ("[pgtask]\nembedded_port = 99999\n", "pgtask.embedded_port: must be <= 65535"),
+                      ('[pg_task]\nreset = "banana"\n', "pg_task.reset: invalid interval"),
+                      ('[pg_task]\njson = [{data = "d", reset = "banana"}]\n', "pg_task.json[0].reset: invalid")]:
         bad.write_text(text)
         result = run("run", "--config", str(bad))
         assert result.returncode == 2 and key in result.stderr, (text, result.stderr)
@@ -330,6 +339,19 @@ def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
     assert status.returncode == 0 and "prov_user" in status.stdout
     config = run("config", "--config", str(cfg))
     assert config.returncode == 0 and "pg_task.json" in config.stdout
+
+
+def test_a_setting_the_server_holds_is_checked_as_the_files_are(db, cluster, tmp_path):
+    """pg_task.run = 0 in the file is refused; set with ALTER DATABASE it must be too (before, the
+    service started and never ran a task)."""
+    env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f'[pg_task]\njson = [{{data = "{db.name}"}}]\n')
+    db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.run = \'0\'')
+    result = subprocess.run([sys.executable, "-m", "pgtask.cli", "run", "--config", str(cfg)], env=env,
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 2 and "pg_task.run: must be >= 1, got 0 (set in the server)" in result.stderr, \
+        result.stderr
 
 
 def test_many_groups_all_run(db, service):
