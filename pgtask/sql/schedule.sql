@@ -97,6 +97,8 @@ GRANT SELECT ON {service} TO PUBLIC
 -- Under REPEATABLE READ / SERIALIZABLE the row is also touched, so a concurrent admission makes
 -- this transaction fail with a serialization error (40001) instead of over-admitting.
 -- A repeat of a finished task (finish_repeat) is not refused: it replaces its parent in the count.
+-- That is the service's insert alone (see below): a row naming a finished repeating parent is
+-- counted like any other when a user inserts it.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
@@ -116,7 +118,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NEW;
     END IF;
-    IF NEW."parent" IS NOT NULL AND NEW."repeat" > '0 sec' AND EXISTS (
+    -- only the service's own insert: anyone may name a parent. (This function runs as its owner:
+    -- the inserting session is session_user with no SET ROLE, or is_superuser, which follows SET ROLE.)
+    IF NEW."parent" IS NOT NULL AND NEW."repeat" > '0 sec'
+       AND (current_setting('is_superuser') = 'on'
+            OR (current_setting('role') = 'none'
+                AND (EXISTS (SELECT FROM {service} s WHERE s."role" = session_user)
+                     OR pg_has_role(session_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE'))))
+       AND EXISTS (
             SELECT FROM {table} p WHERE p."id" = NEW."parent" AND p."group" = NEW."group"
                AND p."state" IN ('DONE', 'FAIL') AND p."repeat" > '0 sec') THEN
         RETURN NEW;

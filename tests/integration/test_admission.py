@@ -123,3 +123,27 @@ def test_repeat_of_a_finished_task_is_admitted(db, service):
     db.wait_state(tid)
     db.execute("UPDATE task_group SET capacity = 0")
     wait_for(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", (tid,)) == 1)
+
+
+def test_naming_a_finished_repeating_parent_admits_no_user_insert(db):
+    """The repeat's exemption is the service's alone: a role that names a finished repeating task
+    as its row's parent is counted like any other insert -- also under SET ROLE in a superuser's
+    session (the executor's set_role mode)."""
+    db.role("crowd")
+    db.execute("INSERT INTO task_group VALUES ('g', 2)")
+    parent = db.insert("SELECT 1", group="g", repeat="1 day")
+    db.claim(parent)
+    db.execute("UPDATE task SET state = 'DONE' WHERE id = %s", (parent,))
+    insert = "INSERT INTO task (input, \"group\", parent, repeat) VALUES ('SELECT 1', 'g', %s, %s)"
+    with db.connect("crowd") as crowd:
+        crowd.execute(insert, (None, "0 sec"))
+        crowd.execute(insert, (None, "0 sec"))
+        for row in ((None, "0 sec"), (parent, "1 day")):
+            with pytest.raises(psycopg.Error, match='group "g" is full') as refused:
+                crowd.execute(insert, row)
+            assert refused.value.sqlstate == "PT001"
+    with db.connect() as service, service.transaction():
+        service.execute('SET ROLE "crowd"')
+        with pytest.raises(psycopg.Error, match='group "g" is full'):
+            service.execute(insert, (parent, "1 day"))
+    assert db.value("SELECT count(*) FROM task WHERE \"group\" = 'g' AND state = 'PLAN'") == 2
