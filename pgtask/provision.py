@@ -419,6 +419,7 @@ OBSOLETE_INDEXES = ("live_group_idx",)
 EXTRA_FUNCTIONS = {"capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
+                   "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
                    "schedule_wake": ("schedule_wake", "schedule")}
 
 

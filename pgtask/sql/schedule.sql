@@ -227,11 +227,24 @@ $body$
 
 -- schedule_guard --
 -- BEFORE INSERT OR UPDATE on the schedule table: "user" is the inserting role unless that role is
--- a member of the role it names; only members of a schedule's role may change what it runs; a new schedule, a changed expression or time zone, or a resume
--- makes the service recompute the cursor from now (no runs for the past).
+-- a member of the role it names; only members of a schedule's role may change what it runs; only
+-- the service (a superuser, the owner, a role in {service}) writes cursor, next_run, preview,
+-- last_task and error (a cursor set back would replay past runs as the schedule's role); a new
+-- schedule, a changed expression or time zone, or a resume makes the service recompute the
+-- cursor from now (no runs for the past).
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
+    IF TG_OP = 'UPDATE'
+       AND (NEW."cursor", NEW."next_run", NEW."preview", NEW."last_task", NEW."error")
+           IS DISTINCT FROM (OLD."cursor", OLD."next_run", OLD."preview", OLD."last_task", OLD."error")
+       AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
+                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
+                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+        RAISE EXCEPTION 'permission denied to change the progress of schedule "%"', OLD."name"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'cursor, next_run, preview, last_task and error are written by pgtask.';
+    END IF;
     IF TG_OP = 'UPDATE' AND NOT pg_has_role(current_user, OLD."user", 'MEMBER') AND
        (NEW."name", NEW."cron", NEW."timezone", NEW."input", NEW."columns", NEW."misfire", NEW."catchup",
         NEW."grace", NEW."overlap", NEW."paused", NEW."user")
@@ -269,6 +282,25 @@ $body$
 
 -- schedule_guard_trigger --
 CREATE TRIGGER {trigger} BEFORE INSERT OR UPDATE ON {schedule} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- schedule_delete_guard --
+-- BEFORE DELETE on the schedule table: only members of a schedule's role (or the service's
+-- owner, a superuser) remove it.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user") AND pg_has_role(current_user, OLD."user", 'MEMBER'))
+            OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+        RAISE EXCEPTION 'permission denied to delete schedule "%" of role %', OLD."name", OLD."user"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Only members of the role a schedule runs as may delete it.';
+    END IF;
+    RETURN OLD;
+END
+$body$
+
+-- schedule_delete_guard_trigger --
+CREATE TRIGGER {trigger} BEFORE DELETE ON {schedule} FOR EACH ROW EXECUTE FUNCTION {fn}()
 
 -- schedule_wake --
 -- A new, changed or resumed schedule wakes the service's materialiser (a hint; it also polls).

@@ -275,6 +275,7 @@ def test_full_group_keeps_the_occurrence_at_the_cursor(db):
 def test_schedule_of_a_role_the_service_cannot_act_as(db):
     db.execute("CREATE ROLE sched_svc LOGIN; CREATE ROLE sched_carol LOGIN")
     db.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO sched_svc; GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO sched_svc")
+    db.execute("INSERT INTO task_service VALUES ('sched_svc')")  # as provisioning registers an entry's user
     add(db, user="sched_carol")
     assert sched(db)["user"] == "sched_carol"   # inserted by a superuser
     m = Materialiser("public", "task")
@@ -311,3 +312,14 @@ def test_only_members_of_its_role_change_a_schedule(db):
         conn.execute("UPDATE task_schedule SET paused = true WHERE name = 'd'")
     materialise(db, T0)    # the service (another role) updates its own columns freely
     assert sched(db, "d")["preview"]
+    # the service's columns are the service's: a cursor set back would replay past runs as dave
+    for who in ("sched_erin", "sched_dave"):
+        for change in ("cursor = now() - interval '30 days'", "next_run = 'infinity'", "error = 'x'"):
+            with db.connect(user=who) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                                             match="progress of schedule"):
+                conn.execute(f"UPDATE task_schedule SET {change} WHERE name = 'd'")
+    with db.connect(user="sched_erin") as conn, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                                              match="delete schedule"):
+        conn.execute("DELETE FROM task_schedule WHERE name = 'd'")
+    with db.connect(user="sched_dave") as conn:
+        assert conn.execute("DELETE FROM task_schedule WHERE name = 'd' RETURNING name").fetchone() == ("d",)
