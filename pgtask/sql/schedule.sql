@@ -198,6 +198,15 @@ BEGIN
         RETURNING r."task" INTO held;
         IF held IS NULL THEN
             SELECT r."task" INTO held FROM {keys} r WHERE r."key" = $2;
+            -- keys are shared by every role that enqueues into the table: another role's task is
+            -- not this caller's to be handed (it would take it for its own, and create nothing)
+            IF EXISTS (SELECT FROM {table} t WHERE t."id" = held AND t."user" <> current_user
+                       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = t."user")
+                                AND pg_has_role(current_user, t."user", 'MEMBER'))) THEN
+                RAISE EXCEPTION 'idempotency key % is held by a task of another role', quote_literal($2)
+                    USING ERRCODE = 'unique_violation',
+                          HINT = 'Keys are shared by every role of the table: make yours unique, e.g. prefix it with your role.';
+            END IF;
             RETURN QUERY SELECT held, false;
             RETURN;
         END IF;

@@ -124,3 +124,21 @@ def test_task_user_is_the_caller(db):
     with db.connect(user="idem_alice") as conn:
         tid, created = conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'x', '{\"user\": \"postgres\"}')").fetchone()
     assert created and db.task(tid)["user"] == "idem_alice"
+
+
+def test_another_roles_key_hands_out_no_task(db):
+    """Keys are shared by the roles enqueueing into a table: a key another role holds is refused,
+    not answered with that role's task (the caller would take it for its own, and nothing runs)."""
+    for name in ("idem_bob", "idem_carol"):
+        db.execute(f'DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = \'{name}\') THEN '
+                   f'CREATE ROLE "{name}" LOGIN; END IF; END$$')
+        db.execute(f'GRANT ALL ON task, task_key TO "{name}"; GRANT USAGE ON SEQUENCE task_id_seq TO "{name}"')
+    with db.connect(user="idem_bob") as bob:
+        held, created = bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone()
+        assert created
+    with db.connect(user="idem_carol") as carol, pytest.raises(psycopg.errors.UniqueViolation,
+                                                                match="held by a task of another role"):
+        carol.execute("SELECT * FROM task_enqueue('SELECT 2', 'charge-42')")
+    with db.connect(user="idem_bob") as bob:
+        assert bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone() == (held, False)
+    assert db.value("SELECT count(*) FROM task") == 1
