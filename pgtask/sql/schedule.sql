@@ -240,10 +240,30 @@ $body$
 -- the service (a superuser, the owner, a role in {service}) writes cursor, next_run, preview,
 -- last_task and error (a cursor set back would replay past runs as the schedule's role); a new
 -- schedule, a changed expression or time zone, or a resume makes the service recompute the
--- cursor from now (no runs for the past).
+-- cursor from now (no runs for the past). Its task columns are checked as task_enqueue checks
+-- them, when they are set: a bad one fails the INSERT or UPDATE, not every materialisation after.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    bad text;
 BEGIN
+    IF TG_OP = 'INSERT' OR NEW."columns" IS DISTINCT FROM OLD."columns" THEN
+        SELECT string_agg(k, ', ') INTO bad FROM jsonb_object_keys(NEW."columns") k
+        WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'plan')
+           OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
+                          AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped);
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'schedule "%": cannot set task column(s) %', NEW."name", bad
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'columns takes the columns a user may set on insert, e.g. group, plan, timeout.';
+        END IF;
+        BEGIN
+            PERFORM jsonb_populate_record(NULL::{table}, NEW."columns");
+        EXCEPTION WHEN others THEN
+            RAISE EXCEPTION 'schedule "%": invalid columns: %', NEW."name", SQLERRM
+                USING ERRCODE = 'invalid_parameter_value';
+        END;
+    END IF;
     IF TG_OP = 'UPDATE'
        AND (NEW."cursor", NEW."next_run", NEW."preview", NEW."last_task", NEW."error")
            IS DISTINCT FROM (OLD."cursor", OLD."next_run", OLD."preview", OLD."last_task", OLD."error")

@@ -323,3 +323,16 @@ def test_only_members_of_its_role_change_a_schedule(db):
         conn.execute("DELETE FROM task_schedule WHERE name = 'd'")
     with db.connect(user="sched_dave") as conn:
         assert conn.execute("DELETE FROM task_schedule WHERE name = 'd' RETURNING name").fetchone() == ("d",)
+
+
+def test_bad_task_columns_fail_the_schedules_insert(db):
+    """A schedule's columns are checked when they are set, as task_enqueue checks them: not
+    accepted, to fail every materialisation after."""
+    for columns, message in (('{"state": "DONE"}', "cannot set task column\\(s\\) state"),
+                             ('{"grop": "mail"}', "cannot set task column\\(s\\) grop"),
+                             ('{"timeout": "soon"}', "invalid columns: invalid input syntax for type interval")):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+            add(db, name="bad", columns=columns)
+    sid = add(db, name="good", columns='{"group": "mail", "timeout": "5 min"}')
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="cannot set task column"):
+        db.execute("""UPDATE task_schedule SET columns = '{"pid": 1}' WHERE id = %s""", (sid,))
