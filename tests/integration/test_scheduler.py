@@ -1,6 +1,7 @@
 """The scheduler through the real `pgtask run`: timing columns, repeat, groups, reuse, STOP, recovery."""
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -11,7 +12,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from support import wait_for
+from support import wait_for, wait_for_async
+
+from pgtask.scheduler import Scheduler
 
 
 def test_repeat_on_the_plan_grid(db, service):
@@ -547,24 +550,33 @@ def test_an_expired_row_someone_holds_locked_holds_up_no_claims(db, service):
     assert db.wait_state(expired)["state"] == "GONE"
 
 
-def test_a_read_only_role_runs_its_tasks_read_only(db, service):
+def test_a_read_only_role_runs_its_tasks_read_only(db):
     """An author whose transactions are read-only by default (ALTER ROLE ... SET
     default_transaction_read_only) runs tasks: pgtask's own start write is not the author's (in
     two round trips, the session's first task, and in one, a task of another group on that
-    session), and the input is read-only as the author set it."""
+    session once it is idle again), and the input is read-only as the author set it."""
     db.role("reader")
     db.execute("ALTER ROLE reader SET default_transaction_read_only = on")
+    rows: list[dict] = []
     try:
         with db.connect("reader") as reader:
             reader.execute("SET default_transaction_read_only = off")  # to insert; its tasks' sessions are not
-            def run(text: str, group: str) -> dict:
-                task_id = reader.execute("INSERT INTO task (input, \"group\") VALUES (%s, %s) RETURNING id",
-                                         (text, group)).fetchone()[0]
-                return db.wait_state(task_id)
-            first, other = run("SELECT 42", "r1"), run("SELECT 43", "r2")
-            assert [(r["state"], r["output"]) for r in (first, other)] == [("DONE", "42"), ("DONE", "43")]
-            assert first["pid"] == other["pid"]  # the same session: the second took one round trip
-            refused = run("CREATE TABLE reader_made ()", "r3")
+
+            def ended_and_idle(sched: Scheduler, task_id: int) -> bool:
+                return db.task(task_id)["state"] in ("DONE", "FAIL") and bool(sched.sessions.idle.get("reader"))
+
+            async def during(sched: Scheduler) -> None:
+                for text, group in (("SELECT 42", "r1"), ("SELECT 43", "r2"), ("CREATE TABLE reader_made ()", "r3")):
+                    task_id = reader.execute("INSERT INTO task (input, \"group\") VALUES (%s, %s) RETURNING id",
+                                             (text, group)).fetchone()[0]
+                    await wait_for_async(functools.partial(ended_and_idle, sched, task_id),
+                                         message=f"task {task_id} to end and its session to be idle")
+                    rows.append(db.task(task_id))
+
+            db.run_scheduler(3, during=during)
     finally:
         db.execute("ALTER ROLE reader RESET default_transaction_read_only")
+    first, other, refused = rows
+    assert [(r["state"], r["output"]) for r in (first, other)] == [("DONE", "42"), ("DONE", "43")]
+    assert first["pid"] == other["pid"]  # the same session: the second took one round trip
     assert refused["state"] == "FAIL" and "read-only transaction" in refused["error"], refused["error"]
