@@ -126,6 +126,9 @@ def test_a_killed_services_remote_query_is_cancelled_and_rerun(db, service_facto
                               "AND state = 'active' AND pid <> pg_backend_pid()") == 0, 15,
              message="the orphaned remote query to be cancelled")
     assert db.value("SELECT count(*) FROM runs") == 0  # its transaction never committed
+    service_factory(db.name)
+    wait_for(lambda: (r := db.task(task_id))["attempt"] == 2 and r["state"] == "WORK", 15,
+             message="the task to run again")
 
 
 def test_executor_backend_terminated_reruns(db, service):
