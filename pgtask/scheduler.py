@@ -110,6 +110,13 @@ def _int_array(values) -> str:
     return "'{" + ",".join(str(int(v)) for v in values) + "}'"
 
 
+def _relock(oid: int, ids) -> str:
+    """The liveness locks of the tasks ``ids`` (the running ones), taken again on the control
+    session: after a reconnect, or after a failed claim left others (see claim_pass)."""
+    return (f"SELECT pg_advisory_lock(({int(oid)}::bigint << 32) | (id & 4294967295)) "
+            f"FROM unnest({_int_array(ids)}::bigint[]) id")
+
+
 def _claim_lock(claim: bool, oid: int, unlock) -> str:
     """The EXECUTE of the prepared claim_lock: the table's claim lock when ``claim``, and the liveness
     locks of the tasks ``unlock`` dropped (a claim pass, and the count/live reuse's claim)."""
@@ -263,9 +270,7 @@ class Scheduler:
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).
                 if self.inflight:
-                    await conn.execute(
-                        "SELECT pg_advisory_lock((%s::bigint << 32) | (id & 4294967295)) FROM unnest(%s::bigint[]) id",
-                        (self.oid, list(self.inflight)))
+                    await conn.execute(_relock(self.oid, self.inflight))
                 self.control = conn
                 return
             except psycopg.OperationalError as exc:
@@ -447,9 +452,7 @@ class Scheduler:
                 if claim:
                     # The liveness locks of the rows a failed claim had returned so far stay with the
                     # session (session locks outlive the rollback): keep only the running tasks'.
-                    await wire.simple(pgconn, "SELECT pg_advisory_unlock_all(); SELECT pg_advisory_lock("
-                                      f"({oid}::bigint << 32) | (id & 4294967295)) "
-                                      f"FROM unnest({_int_array(self.inflight)}::bigint[]) id")
+                    await wire.simple(pgconn, f"SELECT pg_advisory_unlock_all(); {_relock(oid, self.inflight)}")
                     self.to_unlock = []
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
                     log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),

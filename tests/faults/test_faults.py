@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+import pytest
 from support import Service, _free_port, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
@@ -97,34 +98,23 @@ def test_listener_killed(db, service_factory):
                               "AND datname = current_database()"), message="the listener to reconnect")
 
 
-def test_cut_off_service_has_its_query_cancelled_and_rerun(db, service_factory):
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_cut_off_service_has_its_query_cancelled_and_rerun(db, service_factory, remote):
+    """The server running the task's query (a remote one too) checks for the vanished client while
+    it runs, and ends the query; the task runs again once a service is back."""
     db.execute("CREATE TABLE runs (id bigint)")
     svc = service_factory(db.name)
-    task_id = db.insert(BODY.format(sleep=60))
+    task_id = db.insert(BODY.format(sleep=60), remote=db.dsn if remote else None)
+
+    def sleeping() -> int:
+        return db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
+                        "AND state = 'active' AND pid <> pg_backend_pid()")
+
     db.wait_state(task_id, states=("WORK",))
+    wait_for(lambda: sleeping() == 1, message="the task's query")
     svc.kill()
     # the server notices the vanished client (client_connection_check_interval) and stops the query
-    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
-                              "AND state = 'active' AND pid <> pg_backend_pid()") == 0, 15,
-             message="the orphaned query to be cancelled")
-    assert db.value("SELECT count(*) FROM runs") == 0  # its transaction never committed
-    service_factory(db.name)
-    wait_for(lambda: (r := db.task(task_id))["attempt"] == 2 and r["state"] == "WORK", 15,
-             message="the task to run again")
-
-
-def test_a_killed_services_remote_query_is_cancelled_and_rerun(db, service_factory):
-    """As a local task's: the remote server checks for the vanished client while the query runs."""
-    db.execute("CREATE TABLE runs (id bigint)")
-    svc = service_factory(db.name)
-    task_id = db.insert(BODY.format(sleep=60), remote=db.dsn)
-    db.wait_state(task_id, states=("WORK",))
-    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
-                              "AND state = 'active' AND pid <> pg_backend_pid()") == 1, message="the remote query")
-    svc.kill()
-    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' "
-                              "AND state = 'active' AND pid <> pg_backend_pid()") == 0, 15,
-             message="the orphaned remote query to be cancelled")
+    wait_for(lambda: sleeping() == 0, 15, message="the orphaned query to be cancelled")
     assert db.value("SELECT count(*) FROM runs") == 0  # its transaction never committed
     service_factory(db.name)
     wait_for(lambda: (r := db.task(task_id))["attempt"] == 2 and r["state"] == "WORK", 15,

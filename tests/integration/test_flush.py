@@ -4,6 +4,7 @@ keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, er
 import asyncio
 import itertools
 
+import pytest
 from support import hold_claims, wait_for, wait_for_async
 
 
@@ -46,12 +47,14 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
     assert db.value("SELECT count(*) FROM task WHERE parent = %s AND state = 'PLAN'", (repeating,)) == 1
 
 
-def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service):
+@pytest.mark.parametrize("columns", [{}, {"count": 5}], ids=["plain", "count"])
+def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service, columns):
     """Finishes are written one batch at a time; one that waits (here on a row lock someone else
-    holds) gets a second writer beside it, so other tasks still finish meanwhile."""
+    holds) gets a second writer beside it, so other tasks still finish meanwhile. Within count/live
+    the finish holds the control lock every claim pass needs: it lets go of it after SLOW_FLUSH."""
     with db.connect() as locker:
         locker.execute("SELECT pg_advisory_lock(4244)")  # the slow task runs until this is released
-        slow = db.insert("SELECT pg_advisory_xact_lock(4244)", group="a")
+        slow = db.insert("SELECT pg_advisory_xact_lock(4244)", group="a", **columns)
         db.wait_state(slow, states=("WORK",))
         locker.execute("BEGIN")
         locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (slow,))  # held until COMMIT
@@ -245,23 +248,3 @@ def test_a_slow_user_trigger_on_a_finish_holds_up_no_claims(db, caplog):
     assert len(handed) == 1, handed  # the second went to a writer at once
     assert "statement timeout" in handed[0]
 
-
-def test_a_count_task_whose_finish_waits_on_a_row_lock_holds_up_no_claims(db, service):
-    """Within count/live a finish holds the control lock, which every claim pass needs: one that
-    waits (on a row lock someone else holds) lets go of it after SLOW_FLUSH, and other groups'
-    tasks are claimed and finished meanwhile."""
-    with db.connect() as locker:
-        locker.execute("SELECT pg_advisory_lock(4248)")  # the counted task runs until this is released
-        counted = db.insert("SELECT pg_advisory_xact_lock_shared(4248)", group="a", count=5)
-        db.wait_state(counted, states=("WORK",))
-        locker.execute("BEGIN")
-        locker.execute("SELECT FROM task WHERE id = %s FOR UPDATE", (counted,))  # held until COMMIT
-        locker.execute("SELECT pg_advisory_unlock(4248)")  # the task ends; its finish waits
-        wait_for(lambda: db.value(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%pgtask_flush%%'"),
-            message="the counted task's finish to wait for the row lock")
-        quick = db.insert("SELECT 1", group="b")
-        assert db.wait_state(quick, timeout=10)["state"] == "DONE"
-        assert db.task(counted)["state"] == "WORK"  # its finish still waits
-        locker.execute("COMMIT")
-    assert db.wait_state(counted)["state"] == "DONE"
