@@ -367,6 +367,7 @@ class TableProvisioner:
                     await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
                         ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
+        await self._keys_per_role(ids["keys"], q)
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
             rel = _ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
@@ -400,6 +401,27 @@ class TableProvisioner:
                 await c.execute(q(f"{query_name}_trigger", fn=sql.Identifier(self.schema, fn_name),
                                   trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name}")
+
+    async def _keys_per_role(self, keys: sql.Identifier, q) -> None:
+        """Idempotency keys are each role's own: the "user" column in the primary key (an older
+        table is converted) and the row-level security policy that keeps a role to its rows."""
+        c = self.conn
+        rel = _ident_name(f"{self.table}_{EXTRA_TABLES['keys']}")
+        regclass = keys.as_string(c)
+        if await _one(c, "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'user' "
+                         "AND NOT attisdropped", (regclass,)) is None:
+            orphans, pkey = await _one(c, sql.SQL(
+                """SELECT (SELECT count(*) FROM {} k WHERE NOT EXISTS (SELECT FROM {} t WHERE t."id" = k."task")),
+                          (SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p')"""
+            ).format(keys, self.ids["table"]), (regclass,))
+            await c.execute(q("keys_per_role", pkey=sql.Identifier(pkey)))
+            self.report.add(f"made the keys of {self.schema}.{rel} per role"
+                            + (f" ({orphans} whose task is gone now the owner's)" if orphans else ""))
+        policy = _ident_name(f"{rel}_role")
+        if await _one(c, "SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s",
+                      (regclass, policy)) is None:
+            await c.execute(q("keys_policy", policy=sql.Identifier(policy)))
+            self.report.add(f"created policy {policy} on {self.schema}.{rel}")
 
     async def _relation(self, name: str) -> tuple | None:
         return await _one(self.conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

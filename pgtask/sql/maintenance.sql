@@ -89,8 +89,8 @@ WHERE t."id" = d."id" AND d."id" NOT IN (SELECT "id" FROM blocked)
 -- keys_expire --
 -- One bounded batch of expired idempotency reservations whose task is no longer queued or running
 -- (its history may be long gone: that does not matter).
-DELETE FROM {keys} k WHERE k."key" IN (
-    SELECT r."key" FROM {keys} r
+DELETE FROM {keys} k WHERE (k."user", k."key") IN (
+    SELECT r."user", r."key" FROM {keys} r
     WHERE r."expires" <= coalesce(%(now)s, statement_timestamp())
       AND NOT EXISTS (SELECT FROM {table} t WHERE t."id" = r."task" AND t."state"::text IN ('PLAN', 'TAKE', 'WORK'))
     ORDER BY r."expires"

@@ -54,12 +54,42 @@ COMMENT ON TABLE {occurrence} IS 'Materialised schedule occurrences (unique occu
 -- create_keys --
 -- Idempotency reservations. Independent of the task rows: deleting task history does not release
 -- a key; a key is released when it expired and its task is no longer queued or running.
+-- Each role has its own keys ("user", the reserving role): the same key of two roles is two
+-- reservations, and row-level security (keys_policy) keeps a role to its own rows.
 CREATE TABLE {keys} (
-    "key" text PRIMARY KEY,
+    "key" text NOT NULL,
     "task" bigint NOT NULL,
     "created" timestamptz NOT NULL DEFAULT statement_timestamp(),
-    "expires" timestamptz NOT NULL
+    "expires" timestamptz NOT NULL,
+    "user" name NOT NULL DEFAULT CURRENT_USER,
+    PRIMARY KEY ("user", "key")
 )
+
+-- keys_per_role --
+-- Tables provisioned before keys were per role had one namespace ("key" alone the primary key):
+-- each reservation becomes its task's role's; one whose task row is gone becomes the owner's (no
+-- role is left to ask), named in the provisioning report.
+ALTER TABLE {keys} ADD COLUMN "user" name;
+UPDATE {keys} k SET "user" = t."user" FROM {table} t WHERE t."id" = k."task";
+UPDATE {keys} SET "user" = (SELECT r.rolname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r
+                             ON r.oid = c.relowner WHERE c.oid = {regclass}::regclass)
+WHERE "user" IS NULL;
+ALTER TABLE {keys} ALTER COLUMN "user" SET NOT NULL, ALTER COLUMN "user" SET DEFAULT CURRENT_USER,
+    DROP CONSTRAINT {pkey}, ADD PRIMARY KEY ("user", "key")
+
+-- keys_policy --
+-- A role sees and writes only its own reservations and those of roles it is a member of; the
+-- service's roles (and the owner and superusers, whom row-level security does not apply to) all.
+ALTER TABLE {keys} ENABLE ROW LEVEL SECURITY;
+CREATE POLICY {policy} ON {keys}
+    USING ("user" = current_user
+           OR EXISTS (SELECT FROM pg_catalog.pg_roles r
+                      WHERE r.rolname = "user" AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
+           OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user))
+    WITH CHECK ("user" = current_user
+                OR EXISTS (SELECT FROM pg_catalog.pg_roles r
+                           WHERE r.rolname = "user" AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
+                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user))
 
 -- comment_keys --
 COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
@@ -187,26 +217,18 @@ BEGIN
             HINT = 'columns takes the columns a user may set on insert, e.g. group, plan, timeout.';
     END IF;
     IF $2 IS NOT NULL THEN
+        -- the caller's own key: another role's reservation of the same key is not in its way
         new_id := nextval(pg_get_serial_sequence({regclass}, 'id'));
-        INSERT INTO {keys} AS r ("key", "task", "expires")
-        VALUES ($2, new_id, statement_timestamp() + coalesce($4,
+        INSERT INTO {keys} AS r ("user", "key", "task", "expires")
+        VALUES (current_user, $2, new_id, statement_timestamp() + coalesce($4,
                 nullif(current_setting('pg_task.key_retention', true), '')::interval, '7 days'))
-        ON CONFLICT ("key") DO UPDATE
+        ON CONFLICT ("user", "key") DO UPDATE
             SET "task" = excluded."task", "created" = excluded."created", "expires" = excluded."expires"
             WHERE r."expires" <= statement_timestamp() AND NOT EXISTS (
                 SELECT FROM {table} t WHERE t."id" = r."task" AND t."state"::text IN ('PLAN', 'TAKE', 'WORK'))
         RETURNING r."task" INTO held;
         IF held IS NULL THEN
-            SELECT r."task" INTO held FROM {keys} r WHERE r."key" = $2;
-            -- keys are shared by every role that enqueues into the table: another role's task is
-            -- not this caller's to be handed (it would take it for its own, and create nothing)
-            IF EXISTS (SELECT FROM {table} t WHERE t."id" = held AND t."user" <> current_user
-                       AND NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = t."user")
-                                AND pg_has_role(current_user, t."user", 'MEMBER'))) THEN
-                RAISE EXCEPTION 'idempotency key % is held by a task of another role', quote_literal($2)
-                    USING ERRCODE = 'unique_violation',
-                          HINT = 'Keys are shared by every role of the table: make yours unique, e.g. prefix it with your role.';
-            END IF;
+            SELECT r."task" INTO held FROM {keys} r WHERE r."user" = current_user AND r."key" = $2;
             RETURN QUERY SELECT held, false;
             RETURN;
         END IF;

@@ -3,6 +3,8 @@ task_key that outlive the task's history and expire on their own."""
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 from support import race
@@ -15,35 +17,30 @@ def enqueue(db, input_text, key=None, columns=None, ttl=None):
                       (input_text, key, psycopg.types.json.Jsonb(columns) if columns else None, ttl))[0]
 
 
-def test_provisioning_is_idempotent(db):
-    async def again():
+def provision_again(db, schema="public", table="task") -> list[str]:
+    """Provision schema.table in db once more; returns what it reported doing."""
+    async def go():
         report = provision.Report()
         async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
-            await provision.provision_table(conn, "public", "task", report)
+            await provision.provision_table(conn, schema, table, report)
             await conn.commit()
         return report.actions
 
-    import asyncio
-    assert asyncio.run(again()) == []
+    return asyncio.run(go())
+
+
+def test_provisioning_is_idempotent(db):
+    assert provision_again(db) == []
     names = {r[0] for r in db.execute("SELECT relname FROM pg_class WHERE relname LIKE 'task%'")}
     assert {"task_schedule", "task_occurrence", "task_key", "task_group"} <= names
 
 
 def test_provision_other_schema_and_table(cluster, db):
-    import asyncio
-
-    async def go():
-        report = provision.Report()
-        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
-            await provision.provision_table(conn, "jobs", "queue", report)
-            await conn.commit()
-        return report.actions
-
-    actions = asyncio.run(go())
+    actions = provision_again(db, "jobs", "queue")
     assert "created table jobs.queue_schedule" in actions and "created trigger queue_capacity" in actions
     row = db.execute("SELECT * FROM jobs.queue_enqueue('SELECT 1', 'k')")[0]
     assert row[1] is True and db.value("SELECT count(*) FROM jobs.queue") == 1
-    assert asyncio.run(go()) == []
+    assert provision_again(db, "jobs", "queue") == []
 
 
 def test_key_returns_original_id(db):
@@ -126,19 +123,55 @@ def test_task_user_is_the_caller(db):
     assert created and db.task(tid)["user"] == "idem_alice"
 
 
-def test_another_roles_key_hands_out_no_task(db):
-    """Keys are shared by the roles enqueueing into a table: a key another role holds is refused,
-    not answered with that role's task (the caller would take it for its own, and nothing runs)."""
-    for name in ("idem_bob", "idem_carol"):
+def _roles(db, *names):
+    for name in names:
         db.execute(f'DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = \'{name}\') THEN '
                    f'CREATE ROLE "{name}" LOGIN; END IF; END$$')
         db.execute(f'GRANT ALL ON task, task_key TO "{name}"; GRANT USAGE ON SEQUENCE task_id_seq TO "{name}"')
+
+
+def test_each_role_has_its_own_keys(db):
+    """The same key of two roles is two reservations: neither is handed the other's task, and
+    neither can see, repoint, release or forge the other's reservation (row-level security)."""
+    _roles(db, "idem_bob", "idem_carol")
     with db.connect(user="idem_bob") as bob:
         held, created = bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone()
         assert created
-    with db.connect(user="idem_carol") as carol, pytest.raises(psycopg.errors.UniqueViolation,
-                                                                match="held by a task of another role"):
-        carol.execute("SELECT * FROM task_enqueue('SELECT 2', 'charge-42')")
+    with db.connect(user="idem_carol") as carol:
+        mine, created = carol.execute("SELECT * FROM task_enqueue('SELECT 2', 'charge-42')").fetchone()
+        assert created and mine != held
+        assert carol.execute("SELECT * FROM task_enqueue('SELECT 2', 'charge-42')").fetchone() == (mine, False)
+        assert carol.execute("SELECT count(*) FROM task_key").fetchone()[0] == 1
+        assert carol.execute("UPDATE task_key SET task = %s, expires = now() WHERE \"user\" = 'idem_bob'",
+                             (mine,)).rowcount == 0
+        assert carol.execute("DELETE FROM task_key WHERE key = 'charge-42' AND \"user\" = 'idem_bob'").rowcount == 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            carol.execute("INSERT INTO task_key (\"user\", key, task, expires) VALUES ('idem_bob', 'mail-7', 1, now())")
+        carol.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            carol.execute("UPDATE task_key SET \"user\" = 'idem_bob' WHERE key = 'charge-42'")
     with db.connect(user="idem_bob") as bob:
         assert bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone() == (held, False)
-    assert db.value("SELECT count(*) FROM task") == 1
+    assert db.task(held)["user"] == "idem_bob" and db.task(mine)["user"] == "idem_carol"
+    assert db.execute("SELECT \"user\", task FROM task_key ORDER BY 1") == [("idem_bob", held), ("idem_carol", mine)]
+
+
+def test_shared_keys_of_an_older_table_become_their_tasks_roles(db):
+    """A table provisioned when keys were one namespace is converted in place: each reservation
+    keeps holding for its task's role, one whose task is gone is the owner's, nothing is lost."""
+    _roles(db, "idem_bob")
+    with db.connect(user="idem_bob") as bob:
+        held = bob.execute("SELECT id FROM task_enqueue('SELECT 1', 'charge-42')").fetchone()[0]
+    db.execute("SELECT * FROM task_enqueue('SELECT 2', 'gone-7')")
+    db.execute("DELETE FROM task WHERE input = 'SELECT 2'")
+    db.execute("""ALTER TABLE task_key DISABLE ROW LEVEL SECURITY; DROP POLICY task_key_role ON task_key;
+                  ALTER TABLE task_key DROP CONSTRAINT task_key_pkey; ALTER TABLE task_key DROP COLUMN "user";
+                  ALTER TABLE task_key ADD PRIMARY KEY (key)""")
+    actions = provision_again(db)
+    assert "made the keys of public.task_key per role (1 whose task is gone now the owner's)" in actions, actions
+    assert "created policy task_key_role on public.task_key" in actions, actions
+    owner = db.value("SELECT relowner::regrole::text FROM pg_class WHERE oid = 'task_key'::regclass")
+    assert db.execute('SELECT "user", key FROM task_key ORDER BY 2') == [("idem_bob", "charge-42"), (owner, "gone-7")]
+    with db.connect(user="idem_bob") as bob:
+        assert bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone() == (held, False)
+    assert provision_again(db) == []

@@ -15,9 +15,10 @@ from pgtask.maintenance import KeyExpiry, Maintenance, MaintenanceOptions, Reten
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
-def run(db, service, now=NOW):
+def run(db, service, now=NOW, user=None):
     async def go():
-        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True,
+                                                         **({"user": user} if user else {})) as conn:
             return await service.run_once(conn, now)
     return asyncio.run(go())
 
@@ -106,6 +107,23 @@ def test_key_expiry_is_independent_of_history(db):
     assert {r[0] for r in db.execute("SELECT key FROM task_key")} == {"live", "fresh"}
     assert db.execute("SELECT created FROM task_enqueue('SELECT 1', 'fresh')") == [(False,)]
     assert db.task(live_key)["state"] == "PLAN"  # its task untouched by either
+
+
+def test_a_registered_service_role_expires_every_roles_keys(db):
+    """Keys are each role's own (row-level security): a service running as a role provisioning
+    registered expires the expired keys of every role; any other role reaches only its own."""
+    for name in ("keys_svc", "keys_dan"):
+        db.execute(f'CREATE ROLE "{name}" LOGIN; GRANT ALL ON ALL TABLES IN SCHEMA public TO "{name}"; '
+                   f'GRANT USAGE ON SEQUENCE task_id_seq TO "{name}"')
+    db.execute("INSERT INTO task_service VALUES ('keys_svc')")  # as provisioning registers an entry's user
+    with db.connect(user="keys_dan") as dan:
+        dan.execute("SELECT * FROM task_enqueue('SELECT 1', 'dan', '{}', '1 day')")
+    db.execute("SELECT * FROM task_enqueue('SELECT 1', 'admin', '{}', '1 day')")
+    db.execute("UPDATE task SET state = 'STOP'")
+    assert run(db, KeyExpiry("public", "task"), user="keys_dan")["keys"] == 1
+    assert [r[0] for r in db.execute("SELECT key FROM task_key")] == ["admin"]
+    assert run(db, KeyExpiry("public", "task"), user="keys_svc")["keys"] == 1
+    assert db.value("SELECT count(*) FROM task_key") == 0
 
 
 def test_retention_and_enqueue_interleaved(db):
