@@ -46,6 +46,21 @@ async def wait_for_async(predicate: Callable[[], object], timeout: float = 10.0,
     return result
 
 
+def provision_again(db, schema: str = "public", table: str = "task"):
+    """Provision schema.table in the test database once more; returns provisioning's Report."""
+    import psycopg
+
+    from pgtask import provision
+
+    async def go():
+        report = provision.Report()
+        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+            await provision.provision_table(conn, schema, table, report)
+            await conn.commit()
+        return report
+    return asyncio.run(go())
+
+
 def hold_claims(sched) -> dict:
     """Tasks an in-process scheduler claims stay in flight, not run: its dispatch only records them.
     Returns that record (task id -> Task), for a test that finishes them itself."""

@@ -3,13 +3,9 @@ task_key that outlive the task's history and expire on their own."""
 
 from __future__ import annotations
 
-import asyncio
-
 import psycopg
 import pytest
-from support import race
-
-from pgtask import provision
+from support import provision_again, race
 
 
 def enqueue(db, input_text, key=None, columns=None, ttl=None):
@@ -17,30 +13,18 @@ def enqueue(db, input_text, key=None, columns=None, ttl=None):
                       (input_text, key, psycopg.types.json.Jsonb(columns) if columns else None, ttl))[0]
 
 
-def provision_again(db, schema="public", table="task") -> list[str]:
-    """Provision schema.table in db once more; returns what it reported doing."""
-    async def go():
-        report = provision.Report()
-        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
-            await provision.provision_table(conn, schema, table, report)
-            await conn.commit()
-        return report.actions
-
-    return asyncio.run(go())
-
-
 def test_provisioning_is_idempotent(db):
-    assert provision_again(db) == []
+    assert provision_again(db).actions == []
     names = {r[0] for r in db.execute("SELECT relname FROM pg_class WHERE relname LIKE 'task%'")}
     assert {"task_schedule", "task_occurrence", "task_key", "task_group"} <= names
 
 
 def test_provision_other_schema_and_table(cluster, db):
-    actions = provision_again(db, "jobs", "queue")
+    actions = provision_again(db, "jobs", "queue").actions
     assert "created table jobs.queue_schedule" in actions and "created trigger queue_capacity" in actions
     row = db.execute("SELECT * FROM jobs.queue_enqueue('SELECT 1', 'k')")[0]
     assert row[1] is True and db.value("SELECT count(*) FROM jobs.queue") == 1
-    assert provision_again(db, "jobs", "queue") == []
+    assert provision_again(db, "jobs", "queue").actions == []
 
 
 def test_key_returns_original_id(db):
@@ -167,11 +151,11 @@ def test_shared_keys_of_an_older_table_become_their_tasks_roles(db):
     db.execute("""ALTER TABLE task_key DISABLE ROW LEVEL SECURITY; DROP POLICY task_key_role ON task_key;
                   ALTER TABLE task_key DROP CONSTRAINT task_key_pkey; ALTER TABLE task_key DROP COLUMN "user";
                   ALTER TABLE task_key ADD PRIMARY KEY (key)""")
-    actions = provision_again(db)
+    actions = provision_again(db).actions
     assert "made the keys of public.task_key per role (1 whose task is gone now the owner's)" in actions, actions
     assert "created policy task_key_role on public.task_key" in actions, actions
     owner = db.value("SELECT relowner::regrole::text FROM pg_class WHERE oid = 'task_key'::regclass")
     assert db.execute('SELECT "user", key FROM task_key ORDER BY 2') == [("idem_bob", "charge-42"), (owner, "gone-7")]
     with db.connect(user="idem_bob") as bob:
         assert bob.execute("SELECT * FROM task_enqueue('SELECT 1', 'charge-42')").fetchone() == (held, False)
-    assert provision_again(db) == []
+    assert provision_again(db).actions == []

@@ -1,25 +1,12 @@
 """The SQL surface without the service: provisioning, defaults and their settings cascade, triggers."""
 
-import asyncio
-
 import psycopg
 import pytest
-
-from pgtask import provision
+from support import provision_again
 
 COLUMNS = ["id", "parent", "plan", "start", "stop", "active", "live", "repeat", "timeout", "count", "max",
            "pid", "state", "delete", "drift", "header", "save", "string", "delimiter", "escape", "quote",
            "data", "error", "group", "input", "null", "output", "remote", "user", "attempt", "lease"]
-
-
-def provision_again(db, schema="public", table="task"):
-    async def go():
-        report = provision.Report()
-        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
-            await provision.provision_table(conn, schema, table, report)
-            await conn.commit()
-        return report
-    return asyncio.run(go())
 
 
 def test_every_column_and_label(db):
