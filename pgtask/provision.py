@@ -143,6 +143,8 @@ class TableProvisioner:
             "state": sql.Identifier(schema, "state"),
             # the roles the service runs as for this table (see "update" in triggers.sql)
             "service": sql.Identifier(schema, _ident_name(f"{table}_service")),
+            # whether a role writes for the service (is_service in schedule.sql): every guard asks it
+            "is_service": sql.Identifier(schema, _ident_name(f"{table}_is_service")),
         }
         self.name = f"{schema}.{table}"
 
@@ -367,7 +369,6 @@ class TableProvisioner:
                     await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
                         ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
-        await self._keys_per_role(ids["keys"], q)
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
             rel = _ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
@@ -401,6 +402,7 @@ class TableProvisioner:
                 await c.execute(q(f"{query_name}_trigger", fn=sql.Identifier(self.schema, fn_name),
                                   trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name}")
+        await self._keys_per_role(ids["keys"], q)
 
     async def _keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
@@ -438,7 +440,7 @@ EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
 # uses any more: dropped when found (each cost every task's every state change an index entry)
 OBSOLETE_INDEXES = ("live_group_idx",)
 # function name suffix -> (query in schedule.sql, the table its trigger is on or None)
-EXTRA_FUNCTIONS = {"capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
+EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),

@@ -79,17 +79,13 @@ ALTER TABLE {keys} ALTER COLUMN "user" SET NOT NULL, ALTER COLUMN "user" SET DEF
 
 -- keys_policy --
 -- A role sees and writes only its own reservations and those of roles it is a member of; the
--- service's roles (and the owner and superusers, whom row-level security does not apply to) all.
+-- service (is_service: its roles, the owner; superusers bypass row-level security) all of them.
 ALTER TABLE {keys} ENABLE ROW LEVEL SECURITY;
 CREATE POLICY {policy} ON {keys}
     USING ("user" = current_user
            OR EXISTS (SELECT FROM pg_catalog.pg_roles r
                       WHERE r.rolname = "user" AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
-           OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user))
-    WITH CHECK ("user" = current_user
-                OR EXISTS (SELECT FROM pg_catalog.pg_roles r
-                           WHERE r.rolname = "user" AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
-                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user))
+           OR {is_service}(current_user))
 
 -- comment_keys --
 COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
@@ -120,6 +116,18 @@ COMMENT ON TABLE {service} IS 'The roles the pgtask service runs as for this tab
 -- grant_service --
 -- The task table's triggers read it as the role that writes a task.
 GRANT SELECT ON {service} TO PUBLIC
+
+-- is_service --
+-- is_service(role) -> whether the role writes for pgtask's service: a role provisioning registered
+-- in {service}, or one that acts as the task table's owner without SET ROLE (a member with USAGE;
+-- a superuser is one too). The one definition every guard beside and on the task table asks.
+-- Callers test a superuser's own session first, in an expression without a query
+-- (current_user = session_user AND is_superuser): the service's usual writes never get here.
+CREATE OR REPLACE FUNCTION {fn}(who name) RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $body$
+    SELECT EXISTS (SELECT FROM {service} s WHERE s."role" = $1)
+        OR pg_has_role($1, (SELECT c.relowner FROM pg_class c WHERE c.oid = {regclass}::regclass), 'USAGE')
+$body$
 
 -- capacity --
 -- BEFORE INSERT on the task table: admission control. Only groups with a row in {groups} are
@@ -152,9 +160,7 @@ BEGIN
     -- the inserting session is session_user with no SET ROLE, or is_superuser, which follows SET ROLE.)
     IF NEW."parent" IS NOT NULL AND NEW."repeat" > '0 sec'
        AND (current_setting('is_superuser') = 'on'
-            OR (current_setting('role') = 'none'
-                AND (EXISTS (SELECT FROM {service} s WHERE s."role" = session_user)
-                     OR pg_has_role(session_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE'))))
+            OR (current_setting('role') = 'none' AND {is_service}(session_user)))
        AND EXISTS (
             SELECT FROM {table} p WHERE p."id" = NEW."parent" AND p."group" = NEW."group"
                AND p."state" IN ('DONE', 'FAIL') AND p."repeat" > '0 sec') THEN
@@ -290,8 +296,7 @@ BEGIN
        AND (NEW."cursor", NEW."next_run", NEW."preview", NEW."last_task", NEW."error")
            IS DISTINCT FROM (OLD."cursor", OLD."next_run", OLD."preview", OLD."last_task", OLD."error")
        AND NOT ((current_user = session_user AND current_setting('is_superuser') = 'on')
-                OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-                OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+                OR {is_service}(current_user)) THEN
         RAISE EXCEPTION 'permission denied to change the progress of schedule "%"', OLD."name"
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'cursor, next_run, preview, last_task and error are written by pgtask.';
@@ -335,13 +340,13 @@ $body$
 CREATE TRIGGER {trigger} BEFORE INSERT OR UPDATE ON {schedule} FOR EACH ROW EXECUTE FUNCTION {fn}()
 
 -- schedule_delete_guard --
--- BEFORE DELETE on the schedule table: only members of a schedule's role (or the service's
--- owner, a superuser) remove it.
+-- BEFORE DELETE on the schedule table: only members of a schedule's role (or the service:
+-- is_service, a superuser) remove it.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
     IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user") AND pg_has_role(current_user, OLD."user", 'MEMBER'))
-            OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+            OR {is_service}(current_user)) THEN
         RAISE EXCEPTION 'permission denied to delete schedule "%" of role %', OLD."name", OLD."user"
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Only members of the role a schedule runs as may delete it.';

@@ -68,8 +68,7 @@ SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
     IF (NEW."pid" IS NOT NULL OR NEW."state" NOT IN ('PLAN', 'STOP'))
        AND NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
-        IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-               OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+        IF NOT {is_service}(current_user) THEN
             RAISE EXCEPTION 'permission denied to insert task in state % or with a pid', NEW."state"
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'Insert tasks in state PLAN (the default) or STOP; pgtask writes the rest.';
@@ -174,8 +173,7 @@ BEGIN
            OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
               IS DISTINCT FROM
               (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error") THEN
-            IF NOT (EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-                    OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+            IF NOT {is_service}(current_user) THEN
                 RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
                     USING ERRCODE = 'insufficient_privilege',
                           HINT = 'state, pid, attempt, lease, start, stop, output and error are written by pgtask; '
@@ -185,8 +183,7 @@ BEGIN
         IF NEW."state" = 'STOP' AND OLD."state" IS DISTINCT FROM 'STOP' THEN
             IF NOT ((EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
                      AND pg_has_role(current_user, OLD."user", 'MEMBER'))
-                    OR EXISTS (SELECT FROM {service} s WHERE s."role" = current_user)
-                    OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'USAGE')) THEN
+                    OR {is_service}(current_user)) THEN
                 RAISE EXCEPTION 'permission denied to stop task % of role %', OLD.id, OLD."user"
                     USING ERRCODE = 'insufficient_privilege',
                           HINT = 'Only members of the role a task runs as may stop it.';
