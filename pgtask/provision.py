@@ -145,6 +145,8 @@ class TableProvisioner:
             "service": sql.Identifier(schema, _ident_name(f"{table}_service")),
             # whether a role writes for the service (is_service in schedule.sql): every guard asks it
             "is_service": sql.Identifier(schema, _ident_name(f"{table}_is_service")),
+            # the names of a jsonb of task columns a user may not set (unsettable in schedule.sql)
+            "unsettable": sql.Identifier(schema, _ident_name(f"{table}_unsettable")),
         }
         self.name = f"{schema}.{table}"
 
@@ -440,7 +442,8 @@ EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
 # uses any more: dropped when found (each cost every task's every state change an index entry)
 OBSOLETE_INDEXES = ("live_group_idx",)
 # function name suffix -> (query in schedule.sql, the table its trigger is on or None)
-EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
+EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettable", None),
+                   "capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),

@@ -129,6 +129,18 @@ SET search_path = pg_catalog, pg_temp AS $body$
         OR pg_has_role($1, (SELECT c.relowner FROM pg_class c WHERE c.oid = {regclass}::regclass), 'USAGE')
 $body$
 
+-- unsettable --
+-- unsettable(columns) -> the names in a json object that are not task columns a user may set on
+-- insert (comma-separated; NULL when there are none): unknown names and the progress columns
+-- pgtask writes. task_enqueue's columns and a schedule's are checked with it.
+CREATE OR REPLACE FUNCTION {fn}(columns jsonb) RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $body$
+    SELECT string_agg(k, ', ') FROM jsonb_object_keys($1) k
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error')
+       OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
+                      AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
+$body$
+
 -- capacity --
 -- BEFORE INSERT on the task table: admission control. Only groups with a row in {groups} are
 -- checked; they serialize on that row (FOR UPDATE), so concurrent inserts count each other.
@@ -214,10 +226,7 @@ BEGIN
     IF jsonb_typeof(c) <> 'object' THEN
         RAISE EXCEPTION 'columns must be a json object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT string_agg(k, ', ') INTO bad FROM jsonb_object_keys(c) k
-    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error')
-       OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
-                      AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped);
+    bad := {unsettable}(c);
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'cannot set task column(s) %', bad USING ERRCODE = 'invalid_parameter_value',
             HINT = 'columns takes the columns a user may set on insert, e.g. group, plan, timeout.';
@@ -276,10 +285,9 @@ DECLARE
     bad text;
 BEGIN
     IF TG_OP = 'INSERT' OR NEW."columns" IS DISTINCT FROM OLD."columns" THEN
-        SELECT string_agg(k, ', ') INTO bad FROM jsonb_object_keys(NEW."columns") k
-        WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'plan')
-           OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
-                          AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped);
+        -- plan too: a schedule's occurrence is the task's plan
+        bad := nullif(concat_ws(', ', {unsettable}(NEW."columns" - 'plan'),
+                                CASE WHEN NEW."columns" ? 'plan' THEN 'plan' END), '');
         IF bad IS NOT NULL THEN
             RAISE EXCEPTION 'schedule "%": cannot set task column(s) %', NEW."name", bad
                 USING ERRCODE = 'invalid_parameter_value',

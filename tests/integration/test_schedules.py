@@ -330,6 +330,8 @@ def test_bad_task_columns_fail_the_schedules_insert(db):
     accepted, to fail every materialisation after."""
     for columns, message in (('{"state": "DONE"}', "cannot set task column\\(s\\) state"),
                              ('{"grop": "mail"}', "cannot set task column\\(s\\) grop"),
+                             ('{"plan": "2030-01-01"}', "cannot set task column\\(s\\) plan\n"),
+                             ('{"plan": "2030-01-01", "pid": 1}', "cannot set task column\\(s\\) pid, plan\n"),
                              ('{"timeout": "soon"}', "invalid columns: invalid input syntax for type interval")):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
             add(db, name="bad", columns=columns)
