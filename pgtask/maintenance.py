@@ -210,6 +210,8 @@ class _RoleRefused(psycopg.Error):
 class Retention:
     """Deletes finished task rows (DONE, FAIL, GONE, STOP) older than the retention."""
 
+    STATES = ("DONE", "FAIL", "GONE", "STOP")
+
     def __init__(self, schema: str, table: str, retention: str, batch: int = 1000, batches: int = 10):
         self.q = _Queries(schema, table)
         self.retention, self.batch, self.batches = retention, batch, batches
@@ -221,7 +223,8 @@ class Retention:
         total = 0
         for _ in range(self.batches):
             cur = await conn.execute(self.q("retention_delete"),
-                                     {"now": now, "retention": self.retention, "limit": self.batch})
+                                     {"now": now, "retention": self.retention, "limit": self.batch,
+                                      "states": list(self.STATES)})
             total += cur.rowcount
             if cur.rowcount == 0:
                 break

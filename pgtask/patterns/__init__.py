@@ -175,15 +175,16 @@ def render(text: str, schema: str, table: str, opts: dict | None = None, extra: 
     return _PLACEHOLDER.sub(one, text)
 
 
-# Queries a notebook runs that are exactly what the service does itself.
-SERVICE_QUERIES = {("maintenance", "reset_orphans"): "reset"}
+# Queries a notebook runs that are exactly what the service does itself: (file, name) in pgtask/sql.
+SERVICE_QUERIES = {("maintenance", "reset_orphans"): ("queries.sql", "reset"),
+                   ("maintenance", "purge_batch"): ("maintenance.sql", "retention_delete")}
 
 
 def query(pattern: str, name: str, schema: str = "public", table: str = "task", extra: dict | None = None,
           **opts) -> str:
     """A ``query`` section, rendered (it may still hold ``%(param)s`` parameters)."""
     if (pattern, name) in SERVICE_QUERIES:  # the service's own statement, not a copy of it
-        text = service_sql.query("queries.sql", SERVICE_QUERIES[pattern, name])
+        text = service_sql.query(*SERVICE_QUERIES[pattern, name])
         return render(text, schema, table, options(pattern, table, opts), extra)
     for s in sections(pattern):
         if s.kind == "query" and s.name == name:

@@ -60,8 +60,11 @@ FROM {schedule} WHERE NOT "paused"
 
 -- retention_delete --
 -- One bounded batch of finished rows older than the retention, children before parents:
---   candidates: finished and old, with no child that is not itself finished and old (a row whose
---     child is still queued, running or recent waits; so does a repeat's latest finished row);
+--   old: DONE, FAIL, GONE or STOP and among the states given (the service gives all four; the
+--     maintenance notebook runs this same statement as its purge_batch, with its purge_states),
+--     stopped (never started: planned) before the cutoff;
+--   candidates: old, with no child that is not itself old (a row whose child is still queued,
+--     running, recent or in a state not given waits; so does a repeat's latest finished row);
 --   blocked: candidates with a child outside this batch (not locked, or beyond the limit), and
 --     their candidate ancestors; they wait for a later batch.
 -- A row is thus deleted in the same statement as, or after, every child it had.
@@ -69,10 +72,12 @@ WITH RECURSIVE cutoff AS (
     SELECT coalesce(%(now)s, statement_timestamp()) - %(retention)s::interval AS at
 ), candidate AS (
     SELECT t."id", t."parent" FROM {table} t, cutoff
-    WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND coalesce(t."stop", t."plan") < cutoff.at
+    WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
+      AND coalesce(t."stop", t."plan") < cutoff.at
       AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
-                      AND NOT (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
-                               AND coalesce(c."stop", c."plan") < cutoff.at))
+                      AND (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                           AND c."state"::text = ANY(%(states)s)
+                           AND coalesce(c."stop", c."plan") < cutoff.at) IS NOT TRUE)
     ORDER BY t."id" DESC
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED

@@ -217,3 +217,46 @@ def test_maintenance(db, run_notebook):
     text = outputs(nb)
     assert "no orphaned rows" in text and "nothing to purge" in text and "nothing to change" in text, text
     assert state() == after and snapshot(db.conn, "public", "task") == catalog
+
+
+def test_maintenance_children_before_parents(db, run_notebook):
+    """The purge keeps an old finished row while one of its descendants is queued, running or
+    recent (as the service's retention does); an old tree whose rows are all old goes whole, into
+    the archive; the preview counts exactly that."""
+    from datetime import UTC, datetime
+
+    from pgtask import patterns
+    with db.connect() as conn:
+        patterns.install(conn, "archive")
+    old, now = datetime.now(UTC) - timedelta(days=8), datetime.now(UTC)
+
+    def add(state, stop=None, parent=None, start=None):
+        return db.insert("SELECT 1", data="purge", state=state, stop=stop, start=start, parent=parent)
+
+    kept = {}
+    kept["plan_parent"] = add("DONE", old)
+    kept["plan"] = add("PLAN", parent=kept["plan_parent"])
+    kept["work_parent"] = add("DONE", old)
+    kept["work"] = add("WORK", start=now, parent=kept["work_parent"])
+    kept["recent_parent"] = add("FAIL", old)
+    kept["recent"] = add("DONE", now, parent=kept["recent_parent"])
+    kept["grandparent"] = add("DONE", old)  # its grandchild is queued
+    kept["parent"] = add("STOP", old, parent=kept["grandparent"])
+    kept["grandchild"] = add("PLAN", parent=kept["parent"])
+    gone = {}
+    gone["root"] = add("DONE", old)
+    gone["child"] = add("DONE", old, parent=gone["root"])
+    gone["sibling"] = add("STOP", old, parent=gone["root"])
+    gone["grandchild"] = add("FAIL", old, parent=gone["child"])
+    gone["alone"] = add("GONE", old)
+
+    nb = run_notebook("maintenance")
+    assert f"would delete {len(gone)} rows" in outputs(nb), outputs(nb)
+
+    nb = run_notebook("maintenance", dry_run=False, reset_orphans=False, batch_size=2)
+    text = outputs(nb)
+    assert f"deleted {len(gone)} finished rows" in text and "OK: maintenance done" in text, text
+    left = {r[0] for r in demo_rows(db, "purge", "id")}
+    assert left == set(kept.values()), {k: v for k, v in {**kept, **gone}.items() if (v in left) != (k in kept)}
+    assert {r[0] for r in db.execute("SELECT id FROM task_archive")} == set(gone.values())
+    assert db.value("SELECT count(*) FROM task") == len(kept)
