@@ -59,19 +59,22 @@ SELECT extract(epoch FROM min("next_run") - statement_timestamp())::float8 AS se
 FROM {schedule} WHERE NOT "paused"
 
 -- retention_delete --
--- One bounded batch of finished rows older than the retention, children before parents:
+-- One bounded batch of finished rows older than the retention:
 --   old: DONE, FAIL, GONE or STOP and among the states given (the service gives all four; the
 --     maintenance notebook runs this same statement as its purge_batch, with its purge_states),
 --     stopped (never started: planned) before the cutoff;
---   candidates: old, with no child that is not itself old (a row whose child is still queued,
---     running, recent or in a state not given waits; so does a repeat's latest finished row);
---   blocked: candidates with a child outside this batch (not locked, or beyond the limit), and
---     their candidate ancestors; they wait for a later batch.
--- A row is thus deleted in the same statement as, or after, every child it had.
-WITH RECURSIVE cutoff AS (
+--   deleted: old rows none of whose children is anything but old. A row whose child is still
+--     queued, running, recent or in a state not given stays, so a recurring task keeps the run
+--     that is its pending run's parent, and the runs younger than the retention: not its whole
+--     history (each run is the parent of the next), which a rule over all descendants would keep
+--     while it repeats, and a batch of such rows would delete nothing.
+-- Newest first: a child (inserted by its parent's run, so with a higher id) goes in the same batch
+-- as its parent or an earlier one. A row retention keeps may thus name a parent it deleted (as
+-- the manual's "delete" leaves them): "parent" is a record of who inserted the row, not a key.
+WITH cutoff AS (
     SELECT coalesce(%(now)s, statement_timestamp()) - %(retention)s::interval AS at
 ), candidate AS (
-    SELECT t."id", t."parent" FROM {table} t, cutoff
+    SELECT t."id" FROM {table} t, cutoff
     WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
       AND coalesce(t."stop", t."plan") < cutoff.at
       AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
@@ -81,15 +84,8 @@ WITH RECURSIVE cutoff AS (
     ORDER BY t."id" DESC
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
-), blocked AS (
-    SELECT p."id", p."parent" FROM candidate p
-    WHERE EXISTS (SELECT FROM {table} c WHERE c."parent" = p."id"
-                  AND c."id" NOT IN (SELECT "id" FROM candidate))
-    UNION
-    SELECT p."id", p."parent" FROM blocked b JOIN candidate p ON p."id" = b."parent"
 )
-DELETE FROM {table} t USING candidate d
-WHERE t."id" = d."id" AND d."id" NOT IN (SELECT "id" FROM blocked)
+DELETE FROM {table} t USING candidate d WHERE t."id" = d."id"
 
 -- keys_expire --
 -- One bounded batch of expired idempotency reservations whose task is no longer queued or running

@@ -86,6 +86,22 @@ def test_live_child_keeps_its_parent(db):
     assert {r[0] for r in db.execute("SELECT id FROM task")} == {parent, child, young, youngkid}
 
 
+def test_a_recurring_tasks_history_goes_but_its_latest_runs(db):
+    """Each run of a recurring task is the parent of the next: only a child that is queued,
+    running or recent holds its parent, so the chain keeps its pending run, the runs younger than
+    the retention and the one old run they name, and the older history goes. Rows that wait never
+    fill a batch: a standalone old row goes with a batch of 2 (a rule over all descendants kept the
+    whole chain, and its newest rows filled every batch, which then deleted nothing)."""
+    alone = finished(db, "DONE", 30)
+    chain = [finished(db, "DONE", 20)]
+    for age in (19, 18, 17, 16, 1):
+        chain.append(finished(db, "DONE", age, parent=chain[-1]))
+    chain.append(finished(db, "PLAN", 0, parent=chain[-1]))
+    assert run(db, Retention("public", "task", "7 days", batch=2, batches=10)) == 5
+    assert {r[0] for r in db.execute("SELECT id FROM task")} == set(chain[-3:])
+    assert alone not in {r[0] for r in db.execute("SELECT id FROM task")}
+
+
 def test_key_expiry_is_independent_of_history(db):
     """Deleting task history does not release an unexpired key; an expired key of a finished (or
     deleted) task goes; an expired key of a queued task stays."""

@@ -220,9 +220,10 @@ def test_maintenance(db, run_notebook):
 
 
 def test_maintenance_children_before_parents(db, run_notebook):
-    """The purge keeps an old finished row while one of its descendants is queued, running or
-    recent (as the service's retention does); an old tree whose rows are all old goes whole, into
-    the archive; the preview counts exactly that."""
+    """The purge keeps an old finished row while one of its children is queued, running or recent
+    (as the service's retention does), but not for a grandchild (a repeat's history would stay
+    whole); an old tree whose rows are all old goes whole, into the archive; the preview counts
+    exactly that."""
     from datetime import UTC, datetime
 
     from pgtask import patterns
@@ -240,10 +241,10 @@ def test_maintenance_children_before_parents(db, run_notebook):
     kept["work"] = add("WORK", start=now, parent=kept["work_parent"])
     kept["recent_parent"] = add("FAIL", old)
     kept["recent"] = add("DONE", now, parent=kept["recent_parent"])
-    kept["grandparent"] = add("DONE", old)  # its grandchild is queued
-    kept["parent"] = add("STOP", old, parent=kept["grandparent"])
-    kept["grandchild"] = add("PLAN", parent=kept["parent"])
     gone = {}
+    gone["grandparent"] = add("DONE", old)  # its grandchild is queued, its child old: it goes
+    kept["parent"] = add("STOP", old, parent=gone["grandparent"])
+    kept["grandchild"] = add("PLAN", parent=kept["parent"])
     gone["root"] = add("DONE", old)
     gone["child"] = add("DONE", old, parent=gone["root"])
     gone["sibling"] = add("STOP", old, parent=gone["root"])
