@@ -4,7 +4,7 @@ step reports nothing to change, and the catalog (columns, constraints, indexes, 
 relations, pattern tasks) is identical afterwards."""
 
 import itertools
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -224,7 +224,6 @@ def test_maintenance_children_before_parents(db, run_notebook):
     (as the service's retention does), but not for a grandchild (a repeat's history would stay
     whole); an old tree whose rows are all old goes whole, into the archive; the preview counts
     exactly that."""
-    from datetime import UTC, datetime
 
     from pgtask import patterns
     with db.connect() as conn:
@@ -261,3 +260,16 @@ def test_maintenance_children_before_parents(db, run_notebook):
     assert left == set(kept.values()), {k: v for k, v in {**kept, **gone}.items() if (v in left) != (k in kept)}
     assert {r[0] for r in db.execute("SELECT id FROM task_archive")} == set(gone.values())
     assert db.value("SELECT count(*) FROM task") == len(kept)
+
+
+@pytest.mark.parametrize("params, message", [({"purge_states": ["DONE", "WORK"]}, "purge_states"),
+                                             ({"batch_size": 0}, "batch_size")])
+def test_maintenance_refuses_bad_parameters(db, run_notebook, params, message):
+    """A purge state that is not a finished one, or an empty batch, stops the notebook before it
+    changes anything, naming the parameter."""
+    import papermill
+
+    tid = db.insert("SELECT 1", state="DONE", stop=datetime.now(UTC) - timedelta(days=30))
+    with pytest.raises(papermill.PapermillExecutionError, match=message):
+        run_notebook("maintenance", dry_run=False, **params)
+    assert db.task(tid)["state"] == "DONE"
