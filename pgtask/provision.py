@@ -89,7 +89,7 @@ COMMENTS: dict[str, str] = {
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
 # functions without a trigger in triggers.sql: name suffix -> number of arguments
 FUNCTIONS = {"start": 3, "check": 3}
-INDEXES = {"plan_idx": "index_plan", "running_idx": "index_running", "queue_idx": "index_group",
+INDEXES = {"plan_idx": "index_plan", "slot_idx": "index_running", "queue_idx": "index_group",
            "parent_idx": "index_parent", "state_idx": "index_state"}
 LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
 
@@ -439,8 +439,9 @@ EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key
 EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
                  "key_expires_idx": ("keys", "index_keys_expires")}
 # index name suffixes of the task table's own indexes that earlier versions created and nothing
-# uses any more: dropped when found (each cost every task's every state change an index entry)
-OBSOLETE_INDEXES = ("live_group_idx",)
+# uses any more: dropped when found (each cost every task's every state change an index entry).
+# running_idx: the running count's, TAKE/WORK only; slot_idx replaces it (see index_running).
+OBSOLETE_INDEXES = ("live_group_idx", "running_idx")
 # function name suffix -> (query in schedule.sql, the table its trigger is on or None)
 EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettable", None),
                    "capacity": ("capacity", "table"), "enqueue": ("enqueue", None),

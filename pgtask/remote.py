@@ -215,7 +215,7 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 output, error = await run(remote, task, sched.options.output_limit,
                                           started=sched.start_work(task, remote.pid))
             except NotStarted:
-                sched.not_started(task)
+                await sched.not_started(task)
                 return
             except psycopg.OperationalError as exc:
                 log.warning("task %s: remote connection lost (%s)", task.id, reason(exc))

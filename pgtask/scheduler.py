@@ -636,7 +636,7 @@ class Scheduler:
                         session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
                         spi=self.entry.spi, start_work=functools.partial(self.start_work, task, session.pid))
                 except NotStarted:
-                    self.not_started(task)
+                    await self.not_started(task)
                     return
                 except psycopg.OperationalError as exc:
                     await self.sessions.discard(session)
@@ -763,12 +763,19 @@ class Scheduler:
         """The fenced TAKE -> WORK write (group-committed): resolves to False if the lease was lost."""
         return self._submit("w", task, pid)
 
-    def not_started(self, task: Task) -> None:
-        log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
+    async def not_started(self, task: Task) -> None:
+        """The task's start was refused: it was set to STOP before its input began (its stop is
+        written: see "stopped"), or its lease was lost."""
+        if await self._write("stopped", task.fence) is not None:
+            log.info("task %s: stopped before its input began; not running it", task.id)
+        else:
+            log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
         self._release(task)
 
     async def requeue(self, task: Task) -> None:
-        await self._write("requeue", task.fence)
+        """Back to PLAN to run again -- or, set to STOP meanwhile, ended for good (see "stopped")."""
+        if await self._write("requeue", task.fence) is None:
+            await self._write("stopped", task.fence)
         self._release(task)
 
     async def finish(self, task: Task, output: str | None, error: str | None) -> None:
@@ -1074,7 +1081,10 @@ class Scheduler:
             cur = await self.control.execute(self.q("reset"), {"oid": self.oid})
             rows = await cur.fetchall()
         for row in rows:
-            log.warning("%s: reset id = %s (its executor is gone)", self.entry.label(), row["id"])
+            if row["state"] == "STOP":  # stopped while it ran: it ended with its service, stays STOP
+                log.warning("%s: stopped id = %s ended (its executor is gone)", self.entry.label(), row["id"])
+            else:
+                log.warning("%s: reset id = %s (its executor is gone)", self.entry.label(), row["id"])
 
     async def listen(self) -> None:
         channel = provision.channel(self.oid)

@@ -36,7 +36,10 @@ FROM e WHERE t."id" = e."id"
 
 -- claim --
 -- Claim due PLAN rows by remaining group capacity, then id (the manual's order): a group
--- (group + remote) runs max + 1 tasks at once; a negative max runs it one at a time.
+-- (group + remote) runs max + 1 tasks at once; a negative max runs it one at a time. A task holds
+-- its group's slot while TAKE or WORK, and once set to STOP while running (it has a pid) until its
+-- task has ended (its stop is written: the finish, "stopped", or the reset): a stopped query can
+-- take a while to cancel, or ignore the cancel, and the next task must not start beside it.
 -- Bounded by the groups, not by the backlog: the distinct groups with PLAN rows are found by a skip
 -- scan of the group index, and each group reads (and row-locks, skipping rows others hold) only the
 -- head of its queue -- as many rows as it has room for -- in (max, id) order from the same index.
@@ -55,8 +58,10 @@ WITH RECURSIVE keys AS (
         WHERE t."state" = 'PLAN' AND (t."group", coalesce(t."remote", '')) > (k.g, k.r)
         ORDER BY 1, 2, 3 DESC LIMIT 1) n
 ), running AS (
+    -- the predicate of the slot index (table.sql), as written there: the index serves the count
     SELECT "group" AS g, "remote" AS r, count(*) AS n FROM {table}
-    WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
+    WHERE "state" IN ('TAKE', 'WORK') OR ("state" = 'STOP' AND "stop" IS NULL AND "pid" IS NOT NULL)
+    GROUP BY 1, 2
 ), heads AS (
     SELECT k.g, k.r, greatest(k.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
     FROM keys k LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
@@ -177,27 +182,43 @@ UPDATE {table} SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
 WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state"::text IN ('TAKE', 'WORK')
 RETURNING "id"
 
+-- stopped --
+-- A row set to STOP whose task ended without a finish -- the STOP came before its input began, its
+-- session was lost, SIGTERM's grace period cancelled it -- gets its stop: it no longer holds its
+-- group's slot (see "claim"). It stays STOP: unlike "requeue", nothing runs it again.
+UPDATE {table} SET "stop" = statement_timestamp()
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state"::text = 'STOP'
+  AND "stop" IS NULL
+RETURNING "id"
+
 -- reset --
--- Orphans: TAKE/WORK rows whose liveness lock nobody holds (the service that claimed them died).
--- A local WORK row whose session (its pid) is still connected to this database is not one: that
--- session's service is alive and only lost the connection its liveness locks were on (it takes
--- them again when it reconnects); reset now, the task would run a second time beside the first.
+-- Orphans: rows holding their group's slot (see "claim") whose liveness lock nobody holds (the
+-- service that claimed them died). A TAKE/WORK row goes back to PLAN; a STOP row stays STOP (STOP
+-- is final) and gets its stop: its task ended with its service, and it no longer holds the slot.
+-- A local WORK or STOP row whose session (its pid) is still connected to this database is not one:
+-- that session's service is alive and only lost the connection its liveness locks were on (it takes
+-- them again when it reconnects); reset now, the task would run a second time beside the first --
+-- or, stopped, the group's next task would start beside it.
 -- (A service that died takes its sessions with it: the server ends an orphaned session's query
 -- within client_connection_check_interval.)
 WITH s AS (
     SELECT t."id" FROM {table} t
-    WHERE t."state" IN ('TAKE', 'WORK') AND NOT EXISTS (
+    WHERE (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL AND t."pid" IS NOT NULL))
+      AND NOT EXISTS (
         SELECT FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
-      AND NOT (t."state" = 'WORK' AND t."remote" IS NULL AND EXISTS (
+      AND NOT (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
         SELECT FROM pg_stat_activity a
         WHERE a.pid = t."pid" AND a.datname = current_database() AND a.backend_type = 'client backend'))
     FOR UPDATE OF t SKIP LOCKED
 )
-UPDATE {table} t SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
-FROM s WHERE t."id" = s."id" RETURNING t."id"
+UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 'PLAN' END,
+    "start" = CASE WHEN t."state" = 'STOP' THEN t."start" END,
+    "stop" = CASE WHEN t."state" = 'STOP' THEN statement_timestamp() END,
+    "pid" = CASE WHEN t."state" = 'STOP' THEN t."pid" END
+FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
 
 -- next --
 -- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).

@@ -49,8 +49,12 @@ CREATE TABLE {table} (
 CREATE INDEX {index} ON {table} USING btree ("plan") WHERE "state" = 'PLAN'
 
 -- index_running --
--- Group concurrency counts TAKE/WORK rows; orphan detection scans them. Few rows, tiny index.
-CREATE INDEX {index} ON {table} USING btree ("group", "remote") WHERE "state" IN ('TAKE', 'WORK')
+-- Group concurrency counts the rows holding a slot of their group -- TAKE/WORK, and STOP rows whose
+-- task has not ended yet (it ran: a pid, and no stop) -- and orphan detection scans them (see "claim"
+-- and "reset" in queries.sql). Few rows, tiny index. (Named <table>_slot_idx: the <table>_running_idx
+-- of earlier versions counted TAKE/WORK only; provisioning drops it.)
+CREATE INDEX {index} ON {table} USING btree ("group", "remote")
+    WHERE "state" IN ('TAKE', 'WORK') OR ("state" = 'STOP' AND "stop" IS NULL AND "pid" IS NOT NULL)
 
 -- index_group --
 -- The claim walks each group's queue head in the manual's order (max, then id) and finds the

@@ -39,7 +39,7 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     oid = db.value("SELECT 'task'::regclass::oid")
     plan = explain(db, "claim", {"oid": oid, "limit": 1000, "offer_pid": [1], "offer_id": [1]})
     assert "task_queue_idx" in plan, plan
-    assert "task_running_idx" in plan, plan
+    assert "task_slot_idx" in plan, plan
     assert "Seq Scan on task" not in plan, plan
     plan = explain(db, "expire", {})
     assert "task_plan_idx" in plan, plan
@@ -241,6 +241,7 @@ BY_ID = {  # the statements that write given tasks' rows, with parameters for a 
     "finish": {"id": 1, "attempt": 1, "lease": "00000000-0000-0000-0000-000000000000", "output": None,
                "error": None},
     "requeue": {"id": 1, "attempt": 1, "lease": "00000000-0000-0000-0000-000000000000"},
+    "stopped": {"id": 1, "attempt": 1, "lease": "00000000-0000-0000-0000-000000000000"},
     "flush_finish": {"f_id": [1, 2], "f_attempt": [1, 1], "f_lease": [None, None], "f_output": [None, None],
                      "f_error": [None, None]},
     "flush_delete": {"id": [1, 2], "attempt": [1, 1], "lease": [None, None]},
@@ -272,4 +273,4 @@ def test_a_task_row_is_written_through_the_primary_key_whatever_the_statistics_s
             plans[name] = "\n".join(r[0] for r in cur.fetchall())
     for name, plan in plans.items():
         assert "Index Scan using task_pkey on task" in plan, (name, plan)
-        assert "task_running_idx" not in plan and "task_state_idx" not in plan, (name, plan)
+        assert "task_slot_idx" not in plan and "task_state_idx" not in plan, (name, plan)

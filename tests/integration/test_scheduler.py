@@ -12,9 +12,10 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from support import wait_for, wait_for_async
+from support import hold_claims, wait_for, wait_for_async
 
-from pgtask.scheduler import Scheduler
+from pgtask.executor import Task
+from pgtask.scheduler import TASK_COLUMNS, Scheduler
 
 
 def test_repeat_on_the_plan_grid(db, service):
@@ -134,6 +135,94 @@ def test_stop_cancels_running_task(db, service):
     assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0  # no repeat
     assert db.value("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' "
                     "AND state = 'active'") == 0
+
+
+def slow_to_stop(seconds: float) -> str:
+    """An input that takes every cancel (the STOP trigger's and the service's alike) and runs on for
+    ``seconds`` after the first, then records when it ended in table ran."""
+    return ("DO $$DECLARE first timestamptz; BEGIN LOOP BEGIN PERFORM pg_sleep(0.05); "
+            f"EXIT WHEN first IS NOT NULL AND clock_timestamp() > first + interval '{seconds} s'; "
+            "EXIT WHEN clock_timestamp() > statement_timestamp() + interval '60 s'; "
+            "EXCEPTION WHEN query_canceled THEN first := coalesce(first, clock_timestamp()); END; END LOOP; END$$; "
+            "INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint, clock_timestamp())")
+
+
+def test_a_stopped_task_holds_its_groups_slot_until_it_has_ended(db, service):
+    """STOP on a running task: its row leaves WORK at once, but its query runs on until the cancel
+    takes (here 2 s: it ignores cancels that long). Until then it still counts against its group:
+    a group of max 0 starts its next task only after the stopped one has ended."""
+    db.execute("CREATE TABLE ran (id bigint, at timestamptz)")
+    a = db.insert(slow_to_stop(2), group="one", max=0, delete=False)
+    db.wait_state(a, states=("WORK",))
+    b = db.insert("INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint, clock_timestamp())",
+                  group="one", max=0, delete=False)
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
+
+    def a_ended():  # one snapshot: the claim that starts B may commit with A's finish
+        a_stop, b_state = db.execute("SELECT a.stop, b.state FROM task a, task b WHERE a.id = %s AND b.id = %s",
+                                     (a, b))[0]
+        assert a_stop is not None or b_state == "PLAN", f"task {b} started while the stopped task {a} still ran"
+        return a_stop is not None
+    wait_for(a_ended, message="the stopped task to end")
+    db.wait_state(b)
+    assert db.value("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DO $$DECLARE first%%'") == 0
+    rows = {r["id"]: r for r in map(db.task, (a, b))}
+    assert (rows[a]["state"], rows[a]["output"], rows[a]["error"]) == ("STOP", "DO\nINSERT 0 1", None)
+    assert rows[b]["state"] == "DONE" and rows[b]["start"] >= rows[a]["stop"]
+    ended = dict(db.execute("SELECT id, at FROM ran"))
+    assert ended[b] > ended[a], ended
+
+
+def test_a_stopped_task_its_killed_service_left_running_is_ended_by_the_reset(db, service_factory):
+    """The service SIGKILLed while a stopped task's query still runs: the row stays STOP with no stop
+    and holds its group's slot -- until its backend is gone (the server ends the orphaned query) and
+    the next service's orphan check ends it: STOP for good (not back to PLAN), its stop written, and
+    the group's next task runs."""
+    db.execute("CREATE TABLE ran (id bigint, at timestamptz)")
+    svc = service_factory(db.name)
+    a = db.insert(slow_to_stop(30), group="one", max=0)
+    db.wait_state(a, states=("WORK",))
+    b = db.insert("SELECT 1", group="one", max=0, delete=False)
+    backend = db.task(a)["pid"]
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
+    svc.kill()
+    row = db.task(a)
+    assert (row["state"], row["stop"], db.task(b)["state"]) == ("STOP", None, "PLAN")
+    service_factory(db.name)
+    done = db.wait_state(b, timeout=20)
+    row = db.task(a)
+    assert (row["state"], row["attempt"], row["pid"]) == ("STOP", 1, backend)
+    assert row["stop"] is not None and done["state"] == "DONE" and done["start"] >= row["stop"]
+    assert db.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (backend,)) == 0
+    assert db.value("SELECT count(*) FROM ran") == 0  # its transaction died with its backend
+
+
+@pytest.mark.parametrize("end", ["not_started", "requeue"])
+def test_a_stopped_task_that_ends_without_a_finish_gives_its_slot_back(db, end):
+    """A row set to STOP whose task ends without a finish -- the STOP came before its input began
+    (its start refused), its session was lost, SIGTERM's grace period cancelled it -- holds its
+    group's slot until then, and gets its stop then: it stays STOP and frees the slot."""
+    async def go() -> list[int]:
+        sched = db.scheduler()
+        await sched.start()
+        hold_claims(sched)
+        try:
+            a = db.insert("SELECT 1", group="one", max=0)
+            task = Task.from_row(db.claim(a, TASK_COLUMNS))
+            db.execute("UPDATE task SET state = 'WORK', pid = pg_backend_pid(), start = now() WHERE id = %s", (a,))
+            db.insert("SELECT 1", group="one", max=0)
+            claimed = [(await sched.claim_pass())[0]]
+            db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
+            claimed.append((await sched.claim_pass())[0])
+            await getattr(sched, end)(task)
+            row = db.task(a)
+            assert (row["state"], row["attempt"], row["stop"] is not None) == ("STOP", 1, True), row
+            claimed.append((await sched.claim_pass())[0])
+            return claimed
+        finally:
+            await sched.close()
+
+    assert asyncio.run(go()) == [0, 0, 1]
 
 
 def test_negative_max_pauses_the_group(db, service):

@@ -55,6 +55,18 @@ def test_provision_drops_the_index_it_no_longer_uses(db):
     assert provision_again(db).actions == []
 
 
+def test_provision_replaces_the_running_index_of_earlier_versions(db):
+    """Earlier versions' running index counted TAKE/WORK rows only; a table they provisioned gets the
+    slot index (which counts a stopped task until it has ended too) and loses the old one."""
+    db.execute("DROP INDEX task_slot_idx")
+    db.execute("""CREATE INDEX task_running_idx ON task ("group", "remote") WHERE state IN ('TAKE', 'WORK')""")
+    assert provision_again(db).actions == ["created index task_slot_idx",
+                                           "dropped index public.task_running_idx (no longer used)"]
+    assert "stop IS NULL" in db.value("SELECT pg_get_indexdef('task_slot_idx'::regclass)")
+    assert db.value("SELECT to_regclass('task_running_idx')") is None
+    assert provision_again(db).actions == []
+
+
 @pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "tâsk \"x\"")])
 def test_hostile_names(db, schema, table):
     report = provision_again(db, schema, table)
