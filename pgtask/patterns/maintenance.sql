@@ -19,11 +19,11 @@ SELECT t."state"::text AS "state", count(*) AS "tasks", min(t."stop") AS "oldest
        max(t."stop") AS "newest_stop"
 FROM {table} t, cutoff
 WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
-  AND coalesce(t."stop", t."plan") < cutoff.at
+  AND coalesce(t."stop", CASE WHEN t."pid" IS NULL THEN t."plan" END) < cutoff.at
   AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
                   AND (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
                        AND c."state"::text = ANY(%(states)s)
-                       AND coalesce(c."stop", c."plan") < cutoff.at) IS NOT TRUE)
+                       AND coalesce(c."stop", CASE WHEN c."pid" IS NULL THEN c."plan" END) < cutoff.at) IS NOT TRUE)
 GROUP BY 1 ORDER BY 1
 
 -- query table_stats --

@@ -62,7 +62,9 @@ FROM {schedule} WHERE NOT "paused"
 -- One bounded batch of finished rows older than the retention:
 --   old: DONE, FAIL, GONE or STOP and among the states given (the service gives all four; the
 --     maintenance notebook runs this same statement as its purge_batch, with its purge_states),
---     stopped (never started: planned) before the cutoff;
+--     stopped (never claimed: planned) before the cutoff. A row that ran is old by its stop alone:
+--     a STOP row whose task has not ended yet (a pid, no stop) holds its group's slot and is
+--     never old, however old its plan;
 --   deleted: old rows none of whose children is anything but old. A row whose child is still
 --     queued, running, recent or in a state not given stays, so a recurring task keeps the run
 --     that is its pending run's parent, and the runs younger than the retention: not its whole
@@ -76,11 +78,11 @@ WITH cutoff AS (
 ), candidate AS (
     SELECT t."id" FROM {table} t, cutoff
     WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
-      AND coalesce(t."stop", t."plan") < cutoff.at
+      AND coalesce(t."stop", CASE WHEN t."pid" IS NULL THEN t."plan" END) < cutoff.at
       AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
                       AND (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
                            AND c."state"::text = ANY(%(states)s)
-                           AND coalesce(c."stop", c."plan") < cutoff.at) IS NOT TRUE)
+                           AND coalesce(c."stop", CASE WHEN c."pid" IS NULL THEN c."plan" END) < cutoff.at) IS NOT TRUE)
     ORDER BY t."id" DESC
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED

@@ -102,6 +102,21 @@ def test_a_recurring_tasks_history_goes_but_its_latest_runs(db):
     assert alone not in {r[0] for r in db.execute("SELECT id FROM task")}
 
 
+def test_a_stopped_task_still_running_is_not_deleted(db):
+    """A task set to STOP while it runs has no stop until its query has ended (it holds its
+    group's slot meanwhile): however old its plan, retention leaves it; once it has ended it goes."""
+    tid = finished(db, "PLAN", 0)
+    db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
+    db.execute("UPDATE task SET state = 'STOP', pid = pg_backend_pid(), start = %s, plan = %s WHERE id = %s",
+               (NOW - timedelta(days=9), NOW - timedelta(days=10), tid))
+    db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
+    assert run(db, Retention("public", "task", "7 days")) == 0
+    db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
+    db.execute("UPDATE task SET stop = %s WHERE id = %s", (NOW - timedelta(days=8), tid))
+    db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
+    assert run(db, Retention("public", "task", "7 days")) == 1
+
+
 def test_key_expiry_is_independent_of_history(db):
     """Deleting task history does not release an unexpired key; an expired key of a finished (or
     deleted) task goes; an expired key of a queued task stays."""
