@@ -515,8 +515,8 @@ class NotStarted(Exception):
     """The task's start was not confirmed (its lease was lost): its input was not sent."""
 
 
-def _raise_if_lost(err: pq.abc.PGresult | None) -> None:
-    if wire.lost(err):
+def _raise_if_lost(err: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> None:
+    if wire.lost(err, pgconn):
         raise psycopg.OperationalError(format_error(err, None))
 
 
@@ -549,9 +549,9 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     except wire.LeadFailed as failed:
         # Nothing of it ran: two round trips -- unless it was cancelled (STOP, shutdown): then the
         # input must not run at all, and the task ends as a cancelled two-trip preamble does.
-        _raise_if_lost(failed.result)
+        _raise_if_lost(failed.result, session.pgconn)
         if session.pgconn.transaction_status == pq.TransactionStatus.INERROR:  # the preamble's block
-            _raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding))
+            _raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding), session.pgconn)
         session.needs_reset = True
         cancelled = failed.result if wire.sqlstate(failed.result) == CANCELLED else None
         return await _two_trips(session, task, schema, table, oid, out, spi, start_work, cancelled)
@@ -571,7 +571,7 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
         err, started, spi_value = await run_preamble(
             session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset,
                               own=session.settings))
-    _raise_if_lost(err)
+    _raise_if_lost(err, session.pgconn)
     session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
     if err is None:
         session.spi, session.spi_known = spi_value, True
@@ -601,14 +601,14 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
                      offset: int = 0) -> tuple[str | None, str | None]:
     """After the input ran: its error (positions counted from the input's start, ``offset``
     characters into the query string), a transaction it left open ended; (output, error)."""
-    _raise_if_lost(err)
+    _raise_if_lost(err, session.pgconn)
     encoding = session.encoding_now()  # the input may have changed it
     error = format_error(err, task.input, encoding, offset=offset) if err is not None else None
     status = session.pgconn.transaction_status
     if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
         # A transaction left open by input is committed (a failed one rolls back); tag not printed.
         end = await wire.simple(session.pgconn, "COMMIT", encoding)
-        _raise_if_lost(end)
+        _raise_if_lost(end, session.pgconn)
         if end is not None and error is None:
             error = format_error(end, task.input, encoding)
     output = out.value(encoding)

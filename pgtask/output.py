@@ -192,6 +192,11 @@ def simple_error(message: str, detail: str | None = None, statement: str | None 
     return "\n".join(lines)
 
 
+def message(exc: BaseException) -> str:
+    """An exception's whole message (libpq's text of a failed connection, all its lines)."""
+    return str(exc).strip() or type(exc).__name__
+
+
 def reason(exc: BaseException) -> str:
     """The last line of an exception's message (libpq puts the cause there), for log lines."""
     text = str(exc).strip()

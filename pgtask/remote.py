@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
 from .executor import Connection, NotStarted, Task, connection_settings, group_settings
-from .output import Output, format_error, reason, simple_error
+from .output import Output, format_error, message, reason, simple_error
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -104,10 +104,6 @@ def preamble(task: Task, check_client: bool = False) -> str:
     return f'{text} RESET "statement_timeout";'
 
 
-def _message(exc: BaseException) -> str:
-    return str(exc).strip() or type(exc).__name__
-
-
 FACTS_TTL = 2.0  # seconds a role's superuser flag is trusted without asking again
 
 
@@ -142,7 +138,7 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
     try:
         user_params = dict(parse_remote(task.remote))
     except psycopg.Error as exc:
-        return None, simple_error("PQconninfoParse failed", _message(exc))
+        return None, simple_error("PQconninfoParse failed", message(exc))
     superuser, encoding = await _local_facts(sched, task.user)
     if not superuser and not user_params.get("password"):
         # Otherwise the service's own credentials (PGPASSWORD, .pgpass) would be used for the author.
@@ -154,7 +150,7 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
                                                      prepare_threshold=None)
     except psycopg.Error as exc:
         # libpq's text; psycopg puts "connection failed: " before it
-        return None, simple_error("PQconnectPoll failed", _message(exc).removeprefix("connection failed: "))
+        return None, simple_error("PQconnectPoll failed", message(exc).removeprefix("connection failed: "))
     if not superuser and not conn.pgconn.used_password:
         await conn.close()
         return None, "\n".join([simple_error(PASSWORD_REQUIRED, PASSWORD_NOT_USED),
@@ -221,7 +217,7 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 log.warning("task %s: remote connection lost (%s)", task.id, reason(exc))
                 await remote.close()
                 remote = None
-                await sched.finish(task, "", simple_error("PQconsumeInput failed", _message(exc),
+                await sched.finish(task, "", simple_error("PQconsumeInput failed", message(exc),
                                                           statement=task.input))
                 return
             except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
@@ -247,5 +243,5 @@ async def _discard(remote: RemoteConnection) -> str | None:
     try:
         err = await wire.simple(remote.pgconn, "DISCARD ALL", remote.encoding)
     except psycopg.OperationalError as exc:
-        return _message(exc)
+        return message(exc)
     return format_error(err, None, remote.encoding) if err is not None else None

@@ -31,7 +31,7 @@ from . import sql as named
 from .config import Entry
 from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
 from .maintenance import Maintenance, MaintenanceOptions
-from .output import reason, simple_error
+from .output import message, reason, simple_error
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -646,7 +646,7 @@ class Scheduler:
                                   reason(exc), task.attempt)
                         await self.finish(task, "", simple_error(
                             f"the task's session ended while it ran, {task.attempt} times in a row",
-                            reason(exc), statement=task.input))
+                            message(exc), statement=task.input))
                         return
                     log.warning("task %s: executor connection lost (%s); it will run again", task.id,
                                 reason(exc))

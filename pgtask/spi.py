@@ -21,6 +21,7 @@ Where this differs from the C code is listed in docs/execution.md.
 from __future__ import annotations
 
 import pglast
+import psycopg
 from psycopg import pq
 
 from . import wire
@@ -123,6 +124,8 @@ async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str
             err = await wire.run(pgconn, runnable, out, local=True, encoding=encoding)
         finally:
             del out.raw
+        if wire.lost(err, pgconn):  # the session ended (as in executor._raise_if_lost)
+            raise psycopg.OperationalError(format_error(err, None))
         if err is not None:
             error = _error(err, input_text, encoding)
         elif copied:  # only reachable if pglast could not parse input

@@ -182,11 +182,13 @@ def sqlstate(res: pq.abc.PGresult) -> str:
     return (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
 
 
-def lost(res: pq.abc.PGresult | None) -> bool:
-    """An error that ends the session itself (server shutdown or crash, FATAL): the outcome of the
-    input is unknown, so it is not the task's error -- the caller treats it as a lost connection."""
+def lost(res: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> bool:
+    """An error that ended the session itself (server shutdown or crash, a terminated backend, a
+    broken connection): the outcome of the input is unknown, so it is not the task's error -- the
+    caller treats it as a lost connection. Told by what happened to the session (a FATAL or PANIC,
+    or the connection gone), never by the SQLSTATE alone: a task may raise 57P01 or 08006 itself
+    (RAISE ... USING ERRCODE), and that is its error like any other, not a reason to run it again."""
     if res is None:
         return False
     severity = (res.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"").decode()
-    state = sqlstate(res)
-    return severity in ("FATAL", "PANIC") or state[:2] == "08" or state in ("57P01", "57P02", "57P03")
+    return severity in ("FATAL", "PANIC") or pgconn.status == pq.ConnStatus.BAD

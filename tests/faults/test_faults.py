@@ -131,15 +131,43 @@ def test_executor_backend_terminated_reruns(db, service):
     assert db.value("SELECT count(*) FROM runs") == 1  # the first run's transaction was rolled back
 
 
-def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service):
+@pytest.mark.parametrize("mode", ["local", "spi"])
+def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service_factory, mode):
     """A lost session makes its task run again -- but not for ever: at its LOST_ATTEMPTS-th attempt
-    (an input that ends or crashes its own backend) it fails with the reason."""
+    (an input that ends or crashes its own backend) it fails with the reason, libpq's or the
+    server's whole text."""
+    if mode == "spi":
+        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+    service_factory(db.name)
     task_id = db.insert("SELECT pg_terminate_backend(pg_backend_pid())")
     row = db.wait_state(task_id, timeout=60)
     assert (row["state"], row["attempt"]) == ("FAIL", Scheduler.LOST_ATTEMPTS), row
     assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {Scheduler.LOST_ATTEMPTS} "
                                    "times in a row\nDETAIL:  "), row["error"]
+    detail = row["error"].split("\nDETAIL:  ", 1)[1].split("\nSTATEMENT:  ")[0]
+    assert detail.startswith(("FATAL:  terminating connection", "server closed the connection")), row["error"]
     assert row["error"].endswith("STATEMENT:  SELECT pg_terminate_backend(pg_backend_pid())"), row["error"]
+
+
+@pytest.mark.parametrize("mode", ["local", "spi"])
+@pytest.mark.parametrize("code", ["57P01", "08006"])
+def test_an_error_the_input_raises_with_a_session_ending_code_is_its_error(db, service_factory, mode, code):
+    """Only a session that really ended (FATAL, the connection gone) makes a task run again: an
+    ERROR the input raises itself with admin_shutdown's or connection_failure's SQLSTATE is the
+    task's error, with what ran before it kept -- it runs once."""
+    if mode == "spi":
+        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+    service_factory(db.name)
+    db.execute("CREATE TABLE runs (id bigint)")
+    body = f"DO $$BEGIN RAISE EXCEPTION 'not the end' USING ERRCODE = '{code}'; END$$"
+    task_id = db.insert(("INSERT INTO runs VALUES (1); COMMIT; " if mode == "local" else "SELECT 1 AS a; ") + body)
+    row = db.wait_state(task_id)
+    assert (row["state"], row["attempt"]) == ("FAIL", 1), row
+    assert row["error"].startswith("ERROR:  not the end\nCONTEXT:  PL/pgSQL function inline_code_block"), row
+    if mode == "local":
+        assert (row["output"], db.value("SELECT count(*) FROM runs")) == ("INSERT 0 1\nCOMMIT", 1)
+    else:
+        assert row["output"] == "1"
 
 
 def test_stale_executor_writes_nothing(db, service_factory):

@@ -80,7 +80,7 @@ def test_a_query_whose_backend_ends_with_input_unread_fails_as_lost(db, run):
             sock.register(session.pgconn.socket, select.POLLIN)
             wait_for(lambda: any(ev & select.POLLERR for _, ev in sock.poll(0)), message="the socket in error")
             with pytest.raises(psycopg.OperationalError):  # raised, or an error result of a lost connection
-                _raise_if_lost(await asyncio.wait_for(running, 10))
+                _raise_if_lost(await asyncio.wait_for(running, 10), session.pgconn)
         finally:
             await pool.discard(session)
             await pool.close()
