@@ -104,6 +104,16 @@ def preamble(task: Task, check_client: bool = False) -> str:
     return f'{text} RESET "statement_timeout";'
 
 
+def _connect_error(text: str) -> str:
+    """A failed connect as pg_task words it, with libpq's text: psycopg puts "connection is bad: "
+    before a connection libpq gave up on at once (PQconnectStart: an option it cannot use), which
+    pg_task reports as "PQstatus == CONNECTION_BAD", and "connection failed: " before one that
+    failed on the way (PQconnectPoll)."""
+    if text.startswith("connection is bad: "):
+        return simple_error("PQstatus == CONNECTION_BAD", text.removeprefix("connection is bad: "))
+    return simple_error("PQconnectPoll failed", text.removeprefix("connection failed: "))
+
+
 FACTS_TTL = 2.0  # seconds a role's superuser flag is trusted without asking again
 
 
@@ -149,8 +159,7 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
         conn = await psycopg.AsyncConnection.connect(conninfo(params), autocommit=True,
                                                      prepare_threshold=None)
     except psycopg.Error as exc:
-        # libpq's text; psycopg puts "connection failed: " before it
-        return None, simple_error("PQconnectPoll failed", message(exc).removeprefix("connection failed: "))
+        return None, _connect_error(message(exc))
     if not superuser and not conn.pgconn.used_password:
         await conn.close()
         return None, "\n".join([simple_error(PASSWORD_REQUIRED, PASSWORD_NOT_USED),
@@ -163,12 +172,29 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
     """Preamble, input, COMMIT of an open transaction: (output, error).
 
     ``started`` as in executor.run_input: awaited after the preamble; False raises NotStarted.
-    Raises psycopg.OperationalError if the connection is lost.
+    Raises Lost if the connection is lost.
     """
     await remote.settled()  # a cancel meant for the task before on this connection must not reach this one
+    out = Output(task.format(), output_limit, remote.encoding)
+    try:
+        return await _run(remote, task, out, started)
+    except psycopg.OperationalError as exc:
+        raise Lost(exc, out.value(remote.encoding)) from exc
+
+
+class Lost(Exception):
+    """The remote connection broke while a task ran: ``output`` is what had arrived before (the
+    task's output, as for any other error)."""
+
+    def __init__(self, exc: psycopg.OperationalError, output: str | None):
+        super().__init__(str(exc))
+        self.exc, self.output = exc, output
+
+
+async def _run(remote: RemoteConnection, task: Task, out: Output,
+               started: Awaitable[bool] | None) -> tuple[str | None, str | None]:
     enc = remote.encoding
     pgconn = remote.pgconn
-    out = Output(task.format(), output_limit, enc)
     error: str | None = None
     err = await wire.simple(pgconn, preamble(task, check_client=pgconn.server_version >= 140000), enc)
     if started is not None and not await started:
@@ -213,12 +239,12 @@ async def execute(sched: Scheduler, task: Task) -> None:
             except NotStarted:
                 await sched.not_started(task)
                 return
-            except psycopg.OperationalError as exc:
-                log.warning("task %s: remote connection lost (%s)", task.id, reason(exc))
+            except Lost as lost:
+                log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
                 await remote.close()
                 remote = None
-                await sched.finish(task, "", simple_error("PQconsumeInput failed", message(exc),
-                                                          statement=task.input))
+                await sched.finish(task, lost.output or "", simple_error("PQconsumeInput failed", message(lost.exc),
+                                                                         statement=task.input))
                 return
             except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
                 await remote.close()

@@ -180,6 +180,16 @@ def test_timeout_and_failures(db, service, far):
     # a syntax error on the remote side: its position
     row = db.wait_state(db.insert("SELEC 1", remote=dsn))
     assert row["error"] == 'ERROR:  syntax error at or near "SELEC" at character 1\nSTATEMENT:  SELEC 1'
+    # the connection lost while the input runs: what had arrived is kept, as for any error
+    lost = "SELECT 1 AS a; SELECT 2 AS b; SELECT pg_sleep(30)"
+    task_id = db.insert(lost, remote=dsn)
+    backend = wait_for(lambda: db.value("SELECT pid FROM pg_stat_activity WHERE query = %s AND state = 'active'",
+                                        (lost,)), message="the remote task's last statement to run")
+    db.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    row = db.wait_state(task_id)
+    assert (row["state"], row["output"]) == ("FAIL", "1\n2"), row
+    assert row["error"].startswith("ERROR:  PQconsumeInput failed\nDETAIL:  FATAL:  terminating connection"), row
+    assert row["error"].endswith(f"STATEMENT:  {lost}"), row
 
 
 # -- connection strings and connecting --------------------------------------------------------------
@@ -231,6 +241,11 @@ def test_unreachable_host_fails_within_connect_timeout(db, service, black_hole):
     assert row["error"] == "ERROR:  PQconnectPoll failed\nDETAIL:  connection timeout expired"
     assert 8 < took < 16, took
     assert "password" not in service.output().replace("password is required", "")
+
+    # a connection string libpq refuses before connecting (a port that is no number): the task
+    # fails as pg_task's does, "PQstatus == CONNECTION_BAD" with libpq's text
+    row = db.wait_state(db.insert("SELECT 1", remote="host=127.0.0.1 port=abc user=x password=y"))
+    assert row["error"] == 'ERROR:  PQstatus == CONNECTION_BAD\nDETAIL:  invalid integer value "abc" for connection option "port"', row
 
 
 def test_stop_cancels_running_remote_task(db, service, far):
