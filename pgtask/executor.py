@@ -27,7 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import spi as spi_mode
 from . import wire
-from .output import Format, Output, format_error, reason, simple_error
+from .output import DEFAULT_STYLE, ErrorStyle, Format, Output, format_error, reason, simple_error
 from .provision import function_name
 
 log = logging.getLogger("pgtask.executor")
@@ -181,6 +181,20 @@ class Session(Connection):
         # the author's pg_task.spi as the last preamble read it (spi_known: one has read it)
         self.spi: str | None = None
         self.spi_known = False
+        self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see opened
+
+    @classmethod
+    async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
+                     settings: tuple[tuple[str, str], ...] = ()) -> Session:
+        """A new session, with the error style its settings give (log_error_verbosity and
+        log_min_error_statement, as ALTER SYSTEM, DATABASE and ROLE have them when it opens)."""
+        session = cls(conn, user, set_role, settings)
+        try:
+            session.error_style = ErrorStyle.of(await (await conn.execute(ErrorStyle.QUERY)).fetchone())
+        except BaseException:
+            await conn.close()
+            raise
+        return session
 
     async def reset(self) -> None:
         """Back to a clean session now."""
@@ -282,7 +296,7 @@ class SessionPool:
         if use_login or user == self.service_user:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo(settings, user), autocommit=True)
-                return Session(conn, user, set_role=False, settings=settings)
+                return await Session.opened(conn, user, set_role=False, settings=settings)
             except psycopg.OperationalError as exc:
                 if self.mode == "login" or "not permitted to log in" not in str(exc) and \
                         "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
@@ -291,7 +305,7 @@ class SessionPool:
                 log.warning("role %s cannot log in (%s); its tasks run through SET ROLE from the service role",
                             user, reason(exc))
         conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
-        return Session(conn, user, set_role=True, settings=settings)
+        return await Session.opened(conn, user, set_role=True, settings=settings)
 
     def _conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
         """The base connection string as ``user`` with ``settings`` (see connection_settings)."""
@@ -581,13 +595,13 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
     if not started:
         raise NotStarted(task.id)
     if err is not None:
-        error = format_error(err, task.input, session.encoding)
+        error = format_error(err, task.input, session.encoding, style=session.error_style)
     elif bad_setting is not None:
         error = bad_setting
     elif use_spi:
-        error = await spi_mode.run(session.pgconn, task.input, out, session.encoding)
+        error = await spi_mode.run(session.pgconn, task.input, out, session.encoding, session.error_style)
     elif (refusal := refused_copy(task.input)) is not None:
-        error = simple_error(refusal, statement=task.input)
+        error = simple_error(refusal, statement=task.input, style=session.error_style)
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
         return await _end_input(session, task, out, err)
@@ -603,14 +617,15 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
     characters into the query string), a transaction it left open ended; (output, error)."""
     _raise_if_lost(err, session.pgconn)
     encoding = session.encoding_now()  # the input may have changed it
-    error = format_error(err, task.input, encoding, offset=offset) if err is not None else None
+    style = session.error_style
+    error = format_error(err, task.input, encoding, style=style, offset=offset) if err is not None else None
     status = session.pgconn.transaction_status
     if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
         # A transaction left open by input is committed (a failed one rolls back); tag not printed.
         end = await wire.simple(session.pgconn, "COMMIT", encoding)
         _raise_if_lost(end, session.pgconn)
         if end is not None and error is None:
-            error = format_error(end, task.input, encoding)
+            error = format_error(end, task.input, encoding, style=style)
     output = out.value(encoding)
     if error is not None and output is None:
         output = ""

@@ -1,7 +1,8 @@
 """Result and error text, exactly as pg_task writes them (spec section 7).
 
 output: pieces (header line, data rows, command tags) joined by "\\n"; NULL until the first piece.
-error:  "<SEVERITY>:  <message>[ at character N]" then DETAIL/HINT/QUERY/CONTEXT/STATEMENT lines.
+error:  "<SEVERITY>:  <message>[ at character N]" then DETAIL/HINT/QUERY/CONTEXT/STATEMENT lines
+        (as log_error_verbosity and log_min_error_statement have them: ErrorStyle).
 """
 
 from __future__ import annotations
@@ -141,10 +142,42 @@ def _tabbed(text: str) -> str:
     return text.replace("\n", "\n\t")
 
 
+# log_min_error_statement's levels, lowest first (the server's order: LOG ranks above ERROR there)
+_LEVELS = ("debug5", "debug4", "debug3", "debug2", "debug1", "info", "notice", "warning", "error",
+           "log", "fatal", "panic")
+
+
+@dataclass(frozen=True)
+class ErrorStyle:
+    """The server settings pg_task writes a task's error by, as its server log would write it:
+    log_error_verbosity (terse: no DETAIL, HINT, QUERY or CONTEXT; verbose: the SQLSTATE and a
+    LOCATION line too) and log_min_error_statement (the STATEMENT line only for errors at least
+    that severe). Read by QUERY on the connection whose settings count: a local task's session,
+    the service's own connection for a remote task (pg_task's worker formats those)."""
+    verbosity: str = "default"
+    min_statement: str = "error"
+
+    QUERY = "SELECT current_setting('log_error_verbosity'), current_setting('log_min_error_statement')"
+
+    @classmethod
+    def of(cls, row: tuple | None) -> ErrorStyle:
+        return cls(*(str(v).lower() for v in row)) if row else cls()
+
+    def statement(self, severity: str) -> bool:
+        level = severity.lower()
+        rank = _LEVELS.index(level) if level in _LEVELS else _LEVELS.index("error")
+        least = self.min_statement if self.min_statement in _LEVELS else "error"
+        return rank >= _LEVELS.index(least)
+
+
+DEFAULT_STYLE = ErrorStyle()
+
+
 def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str = "utf-8",
-                 message: str | None = None, verbose: bool = False, offset: int = 0) -> str:
+                 message: str | None = None, style: ErrorStyle = DEFAULT_STYLE, offset: int = 0) -> str:
     """The error text of a failed result (or of a bare message with no result).
 
+    ``style``: the verbosity and the STATEMENT line's threshold (see ErrorStyle).
     ``offset``: characters sent before the input in the same query string (a preamble): the
     error's position is counted from the start of the input.
     """
@@ -162,6 +195,7 @@ def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str 
         if primary.startswith(("ERROR:  ", "FATAL:  ")):
             primary = primary.split(":  ", 1)[1]
     head = f"{severity}:  "
+    verbose = style.verbosity == "verbose"
     if verbose and field(F.SQLSTATE):
         head += f"{field(F.SQLSTATE)}: "
     head += primary
@@ -173,21 +207,27 @@ def format_error(res: pq.PGresult | None, input_text: str | None, encoding: str 
         head += f" at character {pos}"
     lines = [_tabbed(head)]
     for label, code in (("DETAIL", F.MESSAGE_DETAIL), ("HINT", F.MESSAGE_HINT),
-                        ("QUERY", F.INTERNAL_QUERY), ("CONTEXT", F.CONTEXT)):
+                        ("QUERY", F.INTERNAL_QUERY), ("CONTEXT", F.CONTEXT)) if style.verbosity != "terse" else ():
         value = field(code)
         if value:
             lines.append(f"{label}:  {_tabbed(value)}")
-    if input_text is not None:
+    if verbose and (file := field(F.SOURCE_FILE)):
+        func, line = field(F.SOURCE_FUNCTION), field(F.SOURCE_LINE)
+        lines.append(f"LOCATION:  {func}, {file}:{line}" if func else f"LOCATION:  {file}:{line}")
+    if input_text is not None and style.statement(
+            field(F.SEVERITY_NONLOCALIZED) or severity):
         lines.append(f"STATEMENT:  {_tabbed(input_text)}")
     return "\n".join(lines)
 
 
-def simple_error(message: str, detail: str | None = None, statement: str | None = None) -> str:
-    """Error text for failures that have no server result (refused input, connection errors)."""
+def simple_error(message: str, detail: str | None = None, statement: str | None = None,
+                 style: ErrorStyle = DEFAULT_STYLE) -> str:
+    """Error text for failures that have no server result (refused input, connection errors):
+    an ERROR, its DETAIL unless terse, the STATEMENT as log_min_error_statement has it."""
     lines = [f"ERROR:  {_tabbed(message)}"]
-    if detail:
+    if detail and style.verbosity != "terse":
         lines.append(f"DETAIL:  {_tabbed(detail)}")
-    if statement is not None:
+    if statement is not None and style.statement("error"):
         lines.append(f"STATEMENT:  {_tabbed(statement)}")
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
 from .executor import Connection, NotStarted, Task, connection_settings, group_settings
-from .output import Output, format_error, message, reason, simple_error
+from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, reason, simple_error
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -168,8 +168,10 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
 
 
 async def run(remote: RemoteConnection, task: Task, output_limit: int,
-              started: Awaitable[bool] | None = None) -> tuple[str | None, str | None]:
-    """Preamble, input, COMMIT of an open transaction: (output, error).
+              started: Awaitable[bool] | None = None,
+              style: ErrorStyle = DEFAULT_STYLE) -> tuple[str | None, str | None]:
+    """Preamble, input, COMMIT of an open transaction: (output, error), the error written in
+    ``style`` (the service's: as pg_task's worker writes a remote task's error).
 
     ``started`` as in executor.run_input: awaited after the preamble; False raises NotStarted.
     Raises Lost if the connection is lost.
@@ -177,7 +179,7 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
     await remote.settled()  # a cancel meant for the task before on this connection must not reach this one
     out = Output(task.format(), output_limit, remote.encoding)
     try:
-        return await _run(remote, task, out, started)
+        return await _run(remote, task, out, started, style)
     except psycopg.OperationalError as exc:
         raise Lost(exc, out.value(remote.encoding)) from exc
 
@@ -191,8 +193,8 @@ class Lost(Exception):
         self.exc, self.output = exc, output
 
 
-async def _run(remote: RemoteConnection, task: Task, out: Output,
-               started: Awaitable[bool] | None) -> tuple[str | None, str | None]:
+async def _run(remote: RemoteConnection, task: Task, out: Output, started: Awaitable[bool] | None,
+               style: ErrorStyle) -> tuple[str | None, str | None]:
     enc = remote.encoding
     pgconn = remote.pgconn
     error: str | None = None
@@ -200,17 +202,17 @@ async def _run(remote: RemoteConnection, task: Task, out: Output,
     if started is not None and not await started:
         raise NotStarted(task.id)
     if err is not None:
-        error = format_error(err, task.input, enc)
+        error = format_error(err, task.input, enc, style=style)
     else:
         err = await wire.run(pgconn, task.input, out, local=False, encoding=enc)
         enc = remote.encoding_now()  # the input may have changed it
         if err is not None:
-            error = format_error(err, task.input, enc)
+            error = format_error(err, task.input, enc, style=style)
         if pgconn.transaction_status != pq.TransactionStatus.IDLE:
             # An open (or failed) transaction block left by input: COMMIT (or ROLLBACK); no tag.
             end = await wire.simple(pgconn, "COMMIT", enc)
             if end is not None and error is None:
-                error = format_error(end, task.input, enc)
+                error = format_error(end, task.input, enc, style=style)
     output = out.value(enc)
     if error is not None and output is None:
         output = ""
@@ -235,7 +237,7 @@ async def execute(sched: Scheduler, task: Task) -> None:
             sched.inflight[task.id] = (task, remote)
             try:
                 output, error = await run(remote, task, sched.options.output_limit,
-                                          started=sched.start_work(task, remote.pid))
+                                          started=sched.start_work(task, remote.pid), style=sched.error_style)
             except NotStarted:
                 await sched.not_started(task)
                 return
@@ -243,8 +245,8 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
                 await remote.close()
                 remote = None
-                await sched.finish(task, lost.output or "", simple_error("PQconsumeInput failed", message(lost.exc),
-                                                                         statement=task.input))
+                await sched.finish(task, lost.output or "", simple_error(
+                    "PQconsumeInput failed", message(lost.exc), statement=task.input, style=sched.error_style))
                 return
             except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
                 await remote.close()

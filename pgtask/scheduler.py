@@ -31,7 +31,7 @@ from . import sql as named
 from .config import Entry
 from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
 from .maintenance import Maintenance, MaintenanceOptions
-from .output import message, reason, simple_error
+from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -205,6 +205,7 @@ class Scheduler:
         self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
         self.tasks: set[asyncio.Task] = set()
         self.control: psycopg.AsyncConnection | None = None
+        self.error_style = DEFAULT_STYLE  # the service's: see connect_control
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
@@ -266,6 +267,9 @@ class Scheduler:
                 # Its statements are planned with PLANNER_SETTINGS. Nothing this connection writes
                 # needs to wait for the WAL flush (claims, resets: see claim_pass).
                 await conn.execute(f"{PLANNER_SETTINGS}; SET synchronous_commit = off")
+                # the settings remote tasks' errors are written by (pg_task's worker writes them)
+                cur = conn.cursor(row_factory=psycopg.rows.tuple_row)
+                self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
                 # Tasks still running here keep their liveness locks across a reconnect. A task that
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import pq
 
 from . import wire
-from .output import Output, format_error, simple_error
+from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, simple_error
 
 E = pq.ExecStatus
 F = pq.DiagnosticField
@@ -100,12 +100,13 @@ class _WithContext:
         return value + b"\n" + line if value else line
 
 
-def _error(res: pq.abc.PGresult, input_text: str, encoding: str) -> str:
+def _error(res: pq.abc.PGresult, input_text: str, encoding: str, style: ErrorStyle) -> str:
     with_context = _WithContext(res, input_text, encoding)
-    return format_error(with_context, input_text, encoding)  # type: ignore[arg-type]
+    return format_error(with_context, input_text, encoding, style=style)  # type: ignore[arg-type]
 
 
-async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str) -> str | None:
+async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str,
+              style: ErrorStyle = DEFAULT_STYLE) -> str | None:
     """Run ``input_text`` the SPI way on an idle session; returns the error text or None.
 
     Leaves the session idle (committed or rolled back). Raises psycopg.OperationalError if the
@@ -115,7 +116,7 @@ async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str
     runnable = input_text if refused is None else input_text[:refused[0]]
     err = await wire.simple(pgconn, "BEGIN", encoding)
     if err is not None:
-        return format_error(err, input_text, encoding)
+        return format_error(err, input_text, encoding, style=style)
     error: str | None = None
     if runnable.strip():
         copied: list[int] = []
@@ -127,16 +128,16 @@ async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str
         if wire.lost(err, pgconn):  # the session ended (as in executor._raise_if_lost)
             raise psycopg.OperationalError(format_error(err, None))
         if err is not None:
-            error = _error(err, input_text, encoding)
+            error = _error(err, input_text, encoding, style)
         elif copied:  # only reachable if pglast could not parse input
-            error = simple_error("SPI_ERROR_COPY", statement=input_text)
+            error = simple_error("SPI_ERROR_COPY", statement=input_text, style=style)
     if error is None and refused is not None:
-        error = simple_error(refused[1], statement=input_text)
+        error = simple_error(refused[1], statement=input_text, style=style)
     status = pgconn.transaction_status
     if status == pq.TransactionStatus.IDLE:
         # Input ended the transaction itself (only if pglast could not parse it).
-        return error or simple_error("SPI_ERROR_TRANSACTION", statement=input_text)
+        return error or simple_error("SPI_ERROR_TRANSACTION", statement=input_text, style=style)
     end = await wire.simple(pgconn, "COMMIT" if error is None else "ROLLBACK", encoding)
     if end is not None and error is None:
-        error = format_error(end, input_text, encoding)
+        error = format_error(end, input_text, encoding, style=style)
     return error

@@ -1,5 +1,7 @@
 """Output and error text, exactly as pg_task writes them (spec section 7), through the real service."""
 
+import re
+
 import pytest
 
 CASES = [
@@ -143,3 +145,28 @@ def test_remote_input_that_changes_client_encoding(db, service):
         # remote: DML tags and SET are not printed the same way (spec section 6); compare the data
         assert row["error"] == error, input_text
         assert output.split("\n")[-1] in (row["output"] or "").split("\n"), (input_text, row["output"])
+
+
+@pytest.mark.parametrize("mode", ["local", "spi", "remote"])
+def test_errors_are_written_as_the_servers_log_settings_have_them(db, service_factory, mode):
+    """A task's error is written as the server log would write it: log_error_verbosity verbose adds
+    the SQLSTATE and a LOCATION line, terse drops DETAIL, HINT and CONTEXT; log_min_error_statement
+    above ERROR drops the STATEMENT line. As the session sees them (ALTER DATABASE here), locally;
+    for a remote task, as the service's own connection does (pg_task's worker writes those)."""
+    if mode == "spi":
+        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+    db.execute(f'ALTER DATABASE "{db.name}" SET log_error_verbosity = verbose')
+    db.execute(f'ALTER DATABASE "{db.name}" SET log_min_error_statement = panic')
+    remote = {"remote": db.dsn} if mode == "remote" else {}
+    svc = service_factory(db.name)
+    row = db.wait_state(db.insert("SELECT 1/0", **remote))
+    context = '\nCONTEXT:  SQL statement "SELECT 1/0"' if mode == "spi" else ""  # SPI's own line
+    assert re.fullmatch(rf"ERROR:  22012: division by zero{re.escape(context)}\nLOCATION:  int4div, int\.c:\d+",
+                        row["error"]), row
+    svc.stop()
+    db.execute(f'ALTER DATABASE "{db.name}" SET log_error_verbosity = terse')
+    db.execute(f'ALTER DATABASE "{db.name}" RESET log_min_error_statement')
+    service_factory(db.name)
+    raise_ = "DO $$BEGIN RAISE EXCEPTION 'boom' USING DETAIL = 'd', HINT = 'h'; END$$"
+    row = db.wait_state(db.insert(raise_, **remote))
+    assert row["error"] == f"ERROR:  boom\nSTATEMENT:  {raise_}", row
