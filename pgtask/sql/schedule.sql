@@ -182,18 +182,21 @@ BEGIN
         UPDATE {groups} g SET "capacity" = g."capacity" WHERE g."group" = NEW."group";
     END IF;
     -- counting stops at the capacity: the cost is bounded by the limit, not by the backlog. Queued
-    -- and running rows are read through the queue and running indexes the claim uses (an index of
-    -- its own would cost every task's every state change an index entry, in every group).
+    -- and running rows are read through the queue and slot indexes the claim uses (an index of its
+    -- own would cost every task's every state change an index entry, in every group). Running, as
+    -- for the claim: TAKE, WORK, and a STOP row whose task has not ended yet (a pid, no stop).
     SELECT count(*) INTO live FROM (
         SELECT FROM ((SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."state" = 'PLAN' LIMIT cap)
                      UNION ALL
-                     (SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."state" IN ('TAKE', 'WORK')
+                     (SELECT FROM {table} t WHERE t."group" = NEW."group"
+                        AND (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL
+                                                                AND t."pid" IS NOT NULL))
                       LIMIT cap)) u
         LIMIT cap) x;
     IF live >= cap THEN
         RAISE EXCEPTION 'group "%" is full: capacity %', NEW."group", cap
             USING ERRCODE = 'PT001',
-                  DETAIL = format('%s task(s) of group %L are queued or running (PLAN, TAKE, WORK).',
+                  DETAIL = format('%s task(s) of group %L are queued or running (PLAN, TAKE, WORK, or STOP and not ended yet).',
                                   live, NEW."group"),
                   HINT = 'Retry later, or raise the capacity of the group.';
     END IF;

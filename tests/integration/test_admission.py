@@ -1,4 +1,5 @@
-"""Admission control: task_group.capacity bounds a group's PLAN + TAKE + WORK rows; a full group
+"""Admission control: task_group.capacity bounds a group's PLAN + TAKE + WORK rows (and STOP rows
+whose task still runs); a full group
 refuses an insert with SQLSTATE PT001 naming the group and its limit."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_ten_concurrent_inserters_capacity_five(db):
     assert "5 task(s) of group 'mail' are queued or running" in msg.diag.message_detail
 
 
-def test_capacity_counts_plan_take_work_only(db):
+def test_capacity_counts_queued_and_running_rows_only(db):
     db.execute("INSERT INTO task_group VALUES ('g', 2)")
     a = db.insert("SELECT 1", group="g")
     db.insert("SELECT 1", group="g")
@@ -51,8 +52,18 @@ def test_capacity_counts_plan_take_work_only(db):
     db.execute("UPDATE task SET state = 'TAKE' WHERE id = %s", (a,))
     with pytest.raises(psycopg.Error):
         db.insert("SELECT 1", group="g")
-    db.execute("UPDATE task SET state = 'DONE' WHERE id = %s", (a,))
-    db.insert("SELECT 1", group="g")            # a finished row frees a slot
+    # STOP while it runs: its task has not ended (a pid, no stop), it still counts
+    db.execute("UPDATE task SET state = 'WORK', pid = pg_backend_pid() WHERE id = %s", (a,))
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
+    with pytest.raises(psycopg.Error, match="capacity 2"):
+        db.insert("SELECT 1", group="g")
+    db.execute("UPDATE task SET stop = now() WHERE id = %s", (a,))
+    c = db.insert("SELECT 1", group="g")        # a stopped row whose task ended frees a slot
+    db.execute("UPDATE task SET state = 'TAKE' WHERE id = %s", (c,))
+    db.execute("UPDATE task SET state = 'DONE' WHERE id = %s", (c,))
+    d = db.insert("SELECT 1", group="g")        # so does a finished one
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (d,))
+    db.insert("SELECT 1", group="g")            # and one stopped before it ran
     db.insert("SELECT 1", group="other")        # other groups: unlimited
     db.execute("UPDATE task_group SET capacity = 0 WHERE \"group\" = 'g'")
     with pytest.raises(psycopg.Error, match='capacity 0'):
