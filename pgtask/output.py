@@ -68,9 +68,11 @@ class Output:
         self._append(text)
 
     def raw(self, text: str) -> None:
-        """COPY TO STDOUT data: appended as is, with no separator."""
+        """COPY TO STDOUT data: appended as is, with no separator -- but for NUL bytes (binary COPY
+        has them), which no text column holds: each becomes U+FFFD, as a byte the encoding cannot
+        read does (the write of the task's result would be refused, for good)."""
         self.pieces += 1
-        self._append(text)
+        self._append(text.replace("\x00", "\ufffd") if "\x00" in text else text)
 
     def value(self, encoding: str | None = None) -> str | None:
         """The output; ``encoding``: the connection's client encoding now, after the input. If the

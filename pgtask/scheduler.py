@@ -1009,7 +1009,10 @@ class Scheduler:
                 log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
                 if refused > 1:
                     break
-                params = {**params, "output": output or "", "error": (error + "\n" if error else "") +
+                # a value the database cannot store (DataError: a NUL byte, an untranslatable
+                # character) is the output's own: the failure is written without it
+                kept = "" if isinstance(exc, psycopg.DataError) else output or ""
+                params = {**params, "output": kept, "error": (error + "\n" if error else "") +
                           simple_error(f"finishing the task failed: {str(exc).strip()}")}
         if refused > 1:
             t = asyncio.create_task(self._write_refused(task, params), name=f"refused finish {task.id}")

@@ -104,6 +104,7 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
     await send(pgconn, text, encoding, single_row=True)
     error: pq.abc.PGresult | None = None
     in_rows = False
+    both = False  # a COPY BOTH was refused: its stream's data (libpq reads it as COPY OUT) is not output
     while True:
         if (res := _arrived(pgconn)) is _BUSY:
             await _consume(pgconn)
@@ -133,17 +134,22 @@ async def run(pgconn: pq.abc.PGconn, text: str, out: Output, local: bool,
             if error is None:
                 error = res
         elif status == COPY_OUT:
-            await _copy_out(pgconn, out.raw, encoding)
+            await _copy_out(pgconn, _dropped if both else out.raw, encoding)
             tag = await next_result(pgconn)  # the COPY n tag: not printed, but may be an error
             if tag is not None and tag.status == FATAL_ERROR and error is None:
                 error = tag
         elif status == COPY_IN or status == COPY_BOTH:
             what = "COPY FROM STDIN" if status == COPY_IN else "COPY BOTH"
+            both = status == COPY_BOTH
             pgconn.put_copy_end(f"{what} is not supported".encode())
             while pgconn.flush() != 0:
                 await _wait(pgconn.socket, write=True)
         else:
             out.result(res, local)
+
+
+def _dropped(text: str) -> None:
+    """A sink for copy data that is not output."""
 
 
 async def _copy_out(pgconn: pq.abc.PGconn, sink: Callable[[str], None], encoding: str) -> None:

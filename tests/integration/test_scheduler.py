@@ -531,6 +531,19 @@ def test_a_finish_a_user_trigger_refuses_is_written_on_its_own(db, service):
     assert [r["state"] for r in rows[:4] + rows[5:]] == ["DONE"] * 11
 
 
+def test_an_output_the_database_cannot_store_is_dropped_from_the_failure(db, service):
+    """A finish refused for a value of its own (a data exception: here a user's check on output)
+    is written as the failure without that output -- with it, the failure would be refused too,
+    and the task would stay WORK for ever."""
+    db.execute("""CREATE FUNCTION no_big() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN
+        IF length(NEW.output) > 3 THEN RAISE EXCEPTION 'output too long' USING ERRCODE = '22001'; END IF;
+        RETURN NEW; END$$""")
+    db.execute("CREATE TRIGGER no_big BEFORE UPDATE ON task FOR EACH ROW EXECUTE FUNCTION no_big()")
+    row = db.wait_state(db.insert("SELECT 'long output'"), timeout=20)
+    assert (row["state"], row["output"]) == ("FAIL", ""), row
+    assert row["error"].startswith("ERROR:  finishing the task failed: output too long\n"), row
+
+
 def test_a_task_whose_every_finish_is_refused_stays_work_and_runs_once(db, service_factory):
     """When a user's trigger refuses the failure too, the task stays WORK, its liveness lock held
     (released, orphan checks would run it again and again), and the failure is written again
