@@ -43,23 +43,19 @@ WHERE "state" = 'FAIL' AND "stop" >= statement_timestamp() - %(since)s::interval
 GROUP BY 1 ORDER BY 2 DESC, 3 DESC
 
 -- query stuck --
--- TAKE/WORK rows: orphaned (no service holds their liveness lock: the service that claimed them
--- died; pgtask resets these itself within pgtask.reset_check seconds while it runs) or running
--- longer than stuck_after.
+-- Rows holding their group's slot -- TAKE/WORK, and STOP rows whose task has not ended yet (a pid,
+-- no stop) -- that are orphaned (no service holds their liveness lock: the service that claimed
+-- them died; pgtask resets these itself within pgtask.reset_check seconds while it runs: TAKE/WORK
+-- back to PLAN, STOP ended) or running longer than stuck_after.
 SELECT t."id", t."group", t."state"::text AS "state", t."start", t."pid", t."timeout",
        extract(epoch FROM statement_timestamp() - coalesce(t."start", t."plan")) AS "seconds",
-       NOT EXISTS (
-           SELECT FROM pg_locks l
-           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-             AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid) AS "orphaned",
-       left(t."input", 80) AS "input"
+       o."orphaned", left(t."input", 80) AS "input"
 FROM {table} t
-WHERE t."state" IN ('TAKE', 'WORK')
-  AND (statement_timestamp() - coalesce(t."start", t."plan") > %(stuck_after)s::interval
-       OR NOT EXISTS (
-           SELECT FROM pg_locks l
-           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-             AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid))
+CROSS JOIN LATERAL (SELECT NOT EXISTS (
+    SELECT FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid) AS "orphaned") o
+WHERE (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL AND t."pid" IS NOT NULL))
+  AND (statement_timestamp() - coalesce(t."start", t."plan") > %(stuck_after)s::interval OR o."orphaned")
 ORDER BY t."id"

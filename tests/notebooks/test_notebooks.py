@@ -188,6 +188,9 @@ def test_maintenance(db, run_notebook):
     with db.connect() as conn:
         patterns.install(conn, "partition")  # and the archive; its repeating task stays PLAN here
     db.execute("INSERT INTO task (input, state) SELECT 'SELECT 1', 'TAKE' FROM generate_series(1, 2)")
+    stopped = db.insert("SELECT 1")  # set to STOP while it ran; its service died: it holds its slot
+    db.execute("UPDATE task SET state = 'WORK', pid = 1, start = now() WHERE id = %s", (stopped,))
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (stopped,))
     db.execute("""INSERT INTO task (input, state, start, stop, output)
         SELECT 'SELECT 1', s::state, now() - '8 days'::interval, now() - '8 days'::interval, '1'
         FROM unnest(ARRAY['DONE', 'DONE', 'FAIL', 'GONE', 'STOP']) s""")
@@ -201,14 +204,16 @@ def test_maintenance(db, run_notebook):
     before = state()
     nb = run_notebook("maintenance")  # dry_run = True by default
     assert "OK: dry run, nothing changed" in outputs(nb)
-    assert "would reset 2 orphaned rows" in outputs(nb) and "would delete 5 rows" in outputs(nb)
+    assert "would reset 3 orphaned rows" in outputs(nb) and "would delete 5 rows" in outputs(nb)
     assert state() == before
 
     nb = run_notebook("maintenance", dry_run=False, batch_size=2)
     text = outputs(nb)
     assert "deleted 5 finished rows in 3 batches" in text and "OK: maintenance done" in text, text
     rows, archived, partitions = state()
-    assert dict(rows) == {"PLAN": 3, "DONE": 1}  # 2 reset orphans + the partition task; the recent DONE
+    assert f"ended 1 stopped rows: [{stopped}]" in text, text
+    assert dict(rows) == {"PLAN": 3, "DONE": 1, "STOP": 1}  # 2 reset orphans + the partition task; the recent DONE
+    assert db.task(stopped)["stop"] is not None
     assert archived == 5 and partitions >= 3  # default + this month + next month
 
     after = state()
