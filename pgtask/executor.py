@@ -301,11 +301,31 @@ class SessionPool:
                 if self.mode == "login" or "not permitted to log in" not in str(exc) and \
                         "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
                     raise
+                refused = exc
+        conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
+        if use_login and user != self.service_user:  # auto, and the role's login was refused
+            await self._fall_back(conn, user, refused)
+        return await Session.opened(conn, user, set_role=True, settings=settings)
+
+    async def _fall_back(self, conn: psycopg.AsyncConnection, user: str, refused: Exception) -> None:
+        """execute_as = auto and ``user`` cannot log in: its tasks run through SET ROLE from the
+        service's session ``conn`` only if that gives their input nothing more -- it can RESET ROLE
+        to the service role -- i.e. when the role is a superuser or may act as the service role
+        already. Otherwise raises (the task fails saying why and what to do), and ``conn`` is closed."""
+        cur = await conn.execute("SELECT pg_has_role(%s, current_user, 'USAGE') OR coalesce("
+                                 "(SELECT rolsuper FROM pg_roles WHERE rolname = %s), false)", (user, user))
+        if (await cur.fetchone())[0]:
+            if user not in self.no_login:
                 self.no_login.add(user)
                 log.warning("role %s cannot log in (%s); its tasks run through SET ROLE from the service role",
-                            user, reason(exc))
-        conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
-        return await Session.opened(conn, user, set_role=True, settings=settings)
+                            user, reason(refused))
+            return
+        await conn.close()
+        raise psycopg.OperationalError(
+            f"role {user} cannot log in ({reason(refused)}), and its tasks do not run through SET ROLE from "
+            f"the service role {self.service_user}, to which their input could RESET ROLE. Give {user} LOGIN "
+            f"and a way for the service to log in as it (a peer map, trust on the local socket, .pgpass), "
+            f'or set execute_as = "set_role" if every task author is trusted as the service role.')
 
     def _conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
         """The base connection string as ``user`` with ``settings`` (see connection_settings)."""

@@ -77,6 +77,26 @@ def test_retry_until_success_pattern_of_a_role_that_is_not_superuser(db, service
     assert db.value("SELECT count(*) FROM task WHERE parent = %s", (task_id,)) == 0
 
 
+def test_auto_runs_a_role_that_cannot_log_in_through_set_role_only_when_that_gives_it_nothing(db, service):
+    """execute_as = auto (the default): a role that cannot log in would run through SET ROLE from
+    the service's session, where its input can RESET ROLE to the service role (a superuser here).
+    So its task fails saying why and what to do -- unless the role may act as the service role
+    anyway (a member of it), where SET ROLE gives its input nothing more."""
+    db.role("walled_in")
+    db.role("trusted_in")
+    db.execute('ALTER ROLE walled_in NOLOGIN; ALTER ROLE trusted_in NOLOGIN; GRANT postgres TO trusted_in')
+    ids = {}
+    for who in ("walled_in", "trusted_in"):
+        with db.connect() as conn:
+            conn.execute(f'SET ROLE "{who}"')
+            ids[who] = conn.execute("INSERT INTO task (input) VALUES ('SELECT current_user') RETURNING id").fetchone()[0]
+    walled, trusted = db.wait_state(ids["walled_in"]), db.wait_state(ids["trusted_in"])
+    assert (trusted["state"], trusted["output"]) == ("DONE", "trusted_in"), trusted
+    assert walled["state"] == "FAIL" and walled["error"].startswith(
+        "ERROR:  could not connect as role walled_in\nDETAIL:  role walled_in cannot log in ("), walled
+    assert 'set execute_as = "set_role"' in walled["error"] and "RESET ROLE" in walled["error"], walled
+
+
 def test_parent_is_the_running_task(db, service):
     task_id = db.insert("INSERT INTO task (input, plan) VALUES ('SELECT 2', now() + '1 day') RETURNING parent")
     row = db.wait_state(task_id)
