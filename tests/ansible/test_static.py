@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 import yaml
-from pgtask_playbook import REPO, run_tool
+from pgtask_playbook import REPO, Run, run_tool
 
 ROLE = REPO / "roles" / "pgtask"
 
@@ -70,3 +79,139 @@ def test_unit_template_is_managed_and_hardened():
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
                  "Restart=on-failure", "ExecReload=/bin/kill -HUP $MAINPID"):
         assert line in text
+
+
+# --- the role's checks and templates, run for real on this machine ---------------------------------
+# A play on localhost imports one of the role's check files (its role vars and defaults come with
+# it) and renders templates into a directory; the variables are extra vars (-e), as from a command
+# line. Nothing outside that directory is written.
+
+HOST_FACTS = {"os_family": "Debian", "service_mgr": "systemd"}
+
+
+def role_play(out: Path, tasks_from: str | None = "preflight", render: tuple[str, ...] = (),
+              args: tuple[str, ...] = (), **extra) -> Run:
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = []
+    if tasks_from:
+        tasks.append({"name": "The role's tasks", "ansible.builtin.import_role": {
+            "name": "pgtask", "tasks_from": tasks_from}})
+    if render:
+        tasks.append({"name": "Render", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / "{{ item }}.j2"), "dest": str(out / "{{ item }}"),
+            "mode": "0644"}, "loop": list(render)})
+    play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": tasks}]
+    (out / "play.yml").write_text(yaml.safe_dump(play))
+    (out / "vars.json").write_text(json.dumps({
+        "ansible_facts": HOST_FACTS, "ansible_python_interpreter": sys.executable, **extra}))
+    res = run_tool("ansible-playbook", "-i", "localhost,", str(out / "play.yml"),
+                   "-e", f"@{out / 'vars.json'}", *args)
+    return Run(res.returncode, res.stdout + res.stderr)
+
+
+def preflight_refuses(run: Run, *words: str) -> None:
+    assert run.rc != 0, run.output[-3000:]
+    failed = run.output.split("fatal:", 1)[-1]
+    for word in words:
+        assert word in failed, (word, run.output[-3000:])
+
+
+def load_config(path: Path):
+    from pgtask.config import load
+
+    return load(path)
+
+
+@contextlib.contextmanager
+def cluster(conf: str = ""):
+    """A throwaway PostgreSQL cluster (Debian's server binaries, run as postgres) whose
+    postgresql.conf includes <dir>/postgresql-pgtask.conf, holding ``conf`` at startup."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if os.geteuid() != 0 or not bins or shutil.which("runuser") is None:
+        pytest.skip("needs root, runuser and Debian's PostgreSQL server binaries")
+    bindir = bins[-1].parent
+    base = Path(tempfile.mkdtemp(prefix="pgtask-static-pg-"))
+    shutil.chown(base, "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(base / "data"), "-A", "trust", "-U",
+                    "postgres", "--no-sync"], check=True, capture_output=True)
+    (base / "pg_hba.conf").write_text("local all all trust\n")
+    (base / "pg_ident.conf").write_text("")
+    (base / "postgresql-pgtask.conf").write_text(conf)
+    with open(base / "data" / "postgresql.conf", "a") as main:
+        main.write(f"hba_file = '{base}/pg_hba.conf'\nident_file = '{base}/pg_ident.conf'\n"
+                   f"include_if_exists = '{base}/postgresql-pgtask.conf'\n")
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(base / "data"), "-l", str(base / "log"),
+                    "-o", f"-c listen_addresses='' -c unix_socket_directories={base}", "-w", "start"],
+                   check=True, capture_output=True)
+
+    class Cluster:
+        dir = base
+
+        @staticmethod
+        def rows(sql: str) -> list[list[str]]:
+            res = subprocess.run(["psql", "-h", str(base), "-U", "postgres", "-XAtq", "-F", "\x1f", "-R",
+                                  "\x1e", "-c", sql], check=True, capture_output=True, text=True)
+            return [row.split("\x1f") for row in res.stdout.rstrip("\n").split("\x1e") if row]
+
+    try:
+        yield Cluster
+    finally:
+        subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(base / "data"), "-m", "immediate",
+                        "stop"], check=False, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A cluster that parses rendered files as the server does: pg_hba.conf and pg_ident.conf through
+    pg_hba_file_rules / pg_ident_file_mappings (hba_file and ident_file point at them; the server's
+    own rules stay the ones it started with), conf.d/pgtask.conf through pg_file_settings."""
+    with cluster() as c:
+        yield c
+
+
+def ident_mappings(pg) -> list[tuple[str, str]]:
+    rows = pg.rows("SELECT sys_name, pg_username, coalesce(error, '') FROM pg_ident_file_mappings "
+                   "WHERE map_name = 'pgtask' ORDER BY line_number")
+    assert all(not error for *_, error in rows), rows
+    return [(sys_name, role) for sys_name, role, _ in rows]
+
+
+def test_entries_fill_data_and_user_from_each_other(tmp_path, pg):
+    entries = [{"data": "app1"}, {"user": "rep"}, {"data": "d3", "user": "u3"}, {}]
+    run = role_play(pg.dir, "preflight", ("pg_ident.conf",), pgtask_entries=entries)
+    assert run.rc == 0, run.output[-3000:]
+    # every entry's role as pgtask fills it in (README, Entries): app1, rep, u3, and postgres
+    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), ("pgtask", "postgres"), ("pgtask", "app1"),
+                                  ("pgtask", "rep"), ("pgtask", "u3")]
+
+
+@pytest.mark.parametrize("entries", [
+    [{"data": "app1"}, {"data": "app1", "user": "app1"}],
+    [{"user": "x"}, {"data": "x"}],
+    [{"data": "postgres"}, {}],
+    [{"data": "a", "schema": "public"}, {"data": "a", "table": "task"}],
+])
+def test_preflight_refuses_entries_pgtask_would_merge(tmp_path, entries):
+    preflight_refuses(role_play(tmp_path, pgtask_entries=entries), "each data/user/schema/table once")
+
+
+def test_preflight_refuses_json_in_settings_and_long_names(tmp_path):
+    preflight_refuses(role_play(tmp_path / "a", pgtask_settings={"pg_task": {"json": [{"data": "x"}]}}),
+                      "pgtask_settings.pg_task.json", "pgtask_entries")
+    long = "é" * 32  # 64 bytes, 32 characters
+    preflight_refuses(role_play(tmp_path / "b", pgtask_entries=[{"data": "ok"}, {"data": "ok", "schema": long}]),
+                      "pgtask_entries[1].schema", "63 bytes")
+    assert role_play(tmp_path / "c", pgtask_entries=[{"data": "é" * 31 + "a"}]).rc == 0
+
+
+def test_preflight_refuses_entry_values_pgtask_refuses(tmp_path):
+    entries = [{"data": "x", "sleep": 500, "run": 4, "spi": True, "reset": 60}, {"data": "y", "reset": "1 hour"}]
+    run = role_play(tmp_path / "ok", pgtask_entries=entries)
+    assert run.rc == 0, run.output[-3000:]
+    preflight_refuses(role_play(tmp_path / "a", pgtask_entries=[{"data": "x", "sleep": "fast"}]),
+                      "pgtask_entries[0].sleep")
+    preflight_refuses(role_play(tmp_path / "b", pgtask_entries=[{"data": "x", "user": ""}]),
+                      "pgtask_entries[0].user")
+    preflight_refuses(role_play(tmp_path / "c", pgtask_settings={"pg_taks": {"sleep": 1}}), "pg_taks")
