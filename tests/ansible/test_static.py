@@ -215,3 +215,17 @@ def test_preflight_refuses_entry_values_pgtask_refuses(tmp_path):
     preflight_refuses(role_play(tmp_path / "b", pgtask_entries=[{"data": "x", "user": ""}]),
                       "pgtask_entries[0].user")
     preflight_refuses(role_play(tmp_path / "c", pgtask_settings={"pg_taks": {"sleep": 1}}), "pg_taks")
+
+
+def test_example_inventory_lets_every_entry_role_log_in():
+    """The example's database host accepts the schedulers' logins as every entry's role (with a
+    password), so execute_as = auto logs in as each task author instead of SET ROLE."""
+    res = run_tool("ansible-inventory", "-i", str(REPO / "inventories" / "example"), "--host",
+                   "db1.example.internal")
+    assert res.returncode == 0, res.stderr
+    hostvars = json.loads(res.stdout)
+    roles = {e.get("user") or e.get("data") or "postgres" for e in hostvars["pgtask_entries"]} | {"postgres"}
+    remote = [line for line in hostvars["pgtask_postgresql_hba"] if line["type"].startswith("host")]
+    for role in roles:
+        assert any(role in line["user"].split(",") or line["user"] == "all" for line in remote
+                   if line["method"] == "scram-sha-256"), (role, remote)
