@@ -229,3 +229,20 @@ def test_example_inventory_lets_every_entry_role_log_in():
     for role in roles:
         assert any(role in line["user"].split(",") or line["user"] == "all" for line in remote
                    if line["method"] == "scram-sha-256"), (role, remote)
+
+
+def test_provision_gets_the_environment_off_the_command_line(tmp_path):
+    """pgtask provision sees pgtask_environment (here PGHOST names a socket directory that is not
+    there, and its error says so), and no secret of it is on a command line or in the log, -vvv too."""
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    (config_dir / "pgtask.toml").write_text("[pg_task]\njson = [{data = \"postgres\"}]\n")
+    socket_dir = tmp_path / "no-such-socket-dir"
+    run = role_play(tmp_path / "play", "provision", args=("-vvv",),
+                    pgtask_venv_dir=str(Path(sys.executable).parent.parent), pgtask_config_dir=str(config_dir),
+                    pgtask_user="root", ansible_become_method="su",
+                    pgtask_environment={"PGHOST": str(socket_dir), "PGPASSWORD": "pw-marker-71c2e",
+                                        "PGCONNECT_TIMEOUT": 3})
+    assert run.rc != 0, run.output[-3000:]
+    assert str(socket_dir) in run.output.split("fatal:", 1)[-1], run.output[-3000:]
+    assert "pw-marker-71c2e" not in run.output
