@@ -246,3 +246,32 @@ def test_provision_gets_the_environment_off_the_command_line(tmp_path):
     assert run.rc != 0, run.output[-3000:]
     assert str(socket_dir) in run.output.split("fatal:", 1)[-1], run.output[-3000:]
     assert "pw-marker-71c2e" not in run.output
+
+
+def test_unit_stop_timeout_follows_the_effective_grace(tmp_path):
+    run = role_play(tmp_path / "a", "preflight", ("pgtask.toml", "pgtask.service"),
+                    pgtask_settings={"pgtask": {"grace": 100}})
+    assert run.rc == 0, run.output[-3000:]
+    assert "TimeoutStopSec=115\n" in (tmp_path / "a" / "pgtask.service").read_text()
+    assert load_config(tmp_path / "a" / "pgtask.toml").svc("grace") == 100
+    run = role_play(tmp_path / "b", "preflight", ("pgtask.toml", "pgtask.service"), pgtask_grace=2.5)
+    assert run.rc == 0, run.output[-3000:]
+    assert "TimeoutStopSec=18\n" in (tmp_path / "b" / "pgtask.service").read_text()
+    assert load_config(tmp_path / "b" / "pgtask.toml").svc("grace") == 2.5
+
+
+def test_numbers_from_the_command_line_render_as_numbers(tmp_path):
+    out = tmp_path / "a"
+    run = role_play(out, "preflight", ("pgtask.toml", "pgtask.service"),
+                    args=("-e", "pgtask_grace=60", "-e", "pgtask_sleep=700", "-e", "pgtask_conf_restart=30",
+                          "-e", "pgtask_work_restart=20", "-e", "pgtask_restart_sec=7"))
+    assert run.rc == 0, run.output[-3000:]
+    cfg = load_config(out / "pgtask.toml")
+    assert (cfg.svc("grace"), cfg.get("pg_task.sleep"), cfg.get("pg_conf.restart"),
+            cfg.get("pg_work.restart")) == (60, 700, 30, 20)
+    unit = (out / "pgtask.service").read_text()
+    assert "TimeoutStopSec=75\n" in unit and "RestartSec=7\n" in unit
+    for name, value in (("pgtask_grace", "soon"), ("pgtask_sleep", "1.5"), ("pgtask_work_restart", "x")):
+        preflight_refuses(role_play(tmp_path / name, args=("-e", f"{name}={value}")), name)
+    preflight_refuses(role_play(tmp_path / "g", pgtask_settings={"pgtask": {"grace": "60"}}),
+                      "pgtask_settings.pgtask.grace")
