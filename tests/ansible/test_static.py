@@ -275,3 +275,56 @@ def test_numbers_from_the_command_line_render_as_numbers(tmp_path):
         preflight_refuses(role_play(tmp_path / name, args=("-e", f"{name}={value}")), name)
     preflight_refuses(role_play(tmp_path / "g", pgtask_settings={"pgtask": {"grace": "60"}}),
                       "pgtask_settings.pgtask.grace")
+
+
+# the postgresql entry point's checks refuse what would inject lines or break the files
+@pytest.mark.parametrize(("var", "value", "named"), [
+    ("pgtask_postgresql_hba", [{"type": "host", "database": "all", "user": "all", "address": "10.0.0.0/8",
+                                "method": "scram-sha-256\nhost all all 0.0.0.0/0 trust"}],
+     "pgtask_postgresql_hba[0].method"),
+    ("pgtask_postgresql_hba", [{"type": "host", "database": "all", "user": "a b", "address": "10.0.0.0/8",
+                                "method": "md5"}], "pgtask_postgresql_hba[0].user"),
+    ("pgtask_postgresql_hba", [{"type": "host", "database": "all", "user": "all", "method": "md5"}],
+     "pgtask_postgresql_hba[0].address"),
+    ("pgtask_postgresql_hba", [{"type": "local", "database": "all", "user": "all", "method": "peer",
+                                "options": "map=x\nlocal all all trust"}], "pgtask_postgresql_hba[0].options"),
+    ("pgtask_postgresql_settings", {"work_mem = '1MB'\nlisten_addresses": "*"}, "pgtask_postgresql_settings"),
+    ("pgtask_postgresql_settings", {"pg_task.timeout": ["1 min"]}, "pgtask_postgresql_settings"),
+    ("pgtask_postgresql_ident_roles", ["postgres", "x\npgtask /^(.*)$ postgres"],
+     "pgtask_postgresql_ident_roles"),
+    ("pgtask_entries", [{"data": "x\ny"}], "pgtask_entries[0]"),
+    ("pgtask_user", "pg task", "pgtask_user"),
+])
+def test_postgresql_checks_refuse(tmp_path, var, value, named):
+    run = role_play(tmp_path, "postgresql_preflight", pgtask_manage_postgresql=True, **{var: value})
+    preflight_refuses(run, named)
+
+
+def test_postgresql_files_quote_what_postgresql_reads(pg):
+    roles = ['my role', 'o"brien', 'all', '+admins', 'x#y']
+    hba = [{"type": "host", "database": "all", "user": 'postgres,"my role","o""brien"',
+            "address": "10.0.1.0/24", "method": "scram-sha-256"},
+           {"type": "local", "database": "sameuser", "user": "+authors", "method": "peer",
+            "options": "map=pgtask"}]
+    settings = {"pg_task.timeout": "10 min", "pg_task.null": "a\\b'c", "work_mem": 4096,
+                "pg_task.delete": False, "pg_task.group": "two\nlines"}
+    run = role_play(pg.dir, "postgresql_preflight", ("pg_hba.conf", "pg_ident.conf", "postgresql-pgtask.conf"),
+                    pgtask_manage_postgresql=True, pgtask_postgresql_ident_roles=roles,
+                    pgtask_entries=[{"data": "d", "user": "app"}], pgtask_postgresql_hba=hba,
+                    pgtask_postgresql_settings=settings)
+    assert run.rc == 0, run.output[-3000:]
+    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), *[("pgtask", role) for role in [*roles, "app"]]]
+    rules = pg.rows("SELECT type, array_to_string(database, '|'), array_to_string(user_name, '|'), "
+                    "coalesce(address, ''), auth_method, coalesce(array_to_string(options, '|'), ''), "
+                    "coalesce(error, '') FROM pg_hba_file_rules ORDER BY line_number")
+    assert rules[:3] == [
+        ["host", "all", 'postgres|my role|o"brien', "10.0.1.0", "scram-sha-256", "", ""],
+        ["local", "sameuser", "+authors", "", "peer", "map=pgtask", ""],
+        ["local", "all", "all", "", "peer", "map=pgtask", ""]], rules
+    assert all(not row[-1] for row in rules), rules
+    read = pg.rows("SELECT name, setting, coalesce(error, '') FROM pg_file_settings "
+                   f"WHERE sourcefile = '{pg.dir}/postgresql-pgtask.conf'")
+    assert all(not error for *_, error in read), read
+    read = {name: value for name, value, _ in read}
+    assert read == {"pg_task.timeout": "10 min", "pg_task.null": "a\\b'c", "work_mem": "4096",
+                    "pg_task.delete": "off", "pg_task.group": "two\nlines"}, read
