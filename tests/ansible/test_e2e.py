@@ -242,3 +242,34 @@ def test_a_setting_that_needs_a_restart_restarts_postgresql(host, deploy):
     assert final == "DONE|4", final
     again = deploy(entries, pgtask_version=version, pgtask_source_dir=str(REPO), **settings)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
+def test_restart_and_reload_together_restart_only(host, deploy):
+    """A run that changes both the environment (restart) and the config (reload): one restart, no
+    SIGHUP on its heels (it can reach pgtask before its handler is installed and end it for good),
+    and an entry with only `data` logs in as its own role (pg_ident maps it) instead of SET ROLE."""
+    entries = [*ENTRIES, NEW_ENTRY, {"data": "app2"}]
+    secret = "pgtask-e2e-secret-3f9c1d"
+    pid = main_pid(host)
+    run = deploy(entries, "-vvv", pgtask_environment={"PGPASSWORD": secret}, pgtask_sleep=400,
+                 pgtask_postgresql_settings={"pg_task.timeout": "5 min", "listen_addresses": "*"})
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any("Restart pgtask" in name for name in changed), changed
+    assert not any("Reload pgtask" in name for name in changed), changed
+    # the password reached no command line and no log line, -vvv included
+    assert secret not in run.output
+    assert host.sh("grep -c pgtask-e2e-secret /etc/pgtask/pgtask.env").stdout.strip() == "1"
+    wait_for(lambda: host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active",
+             30, "pgtask to be active after the restart")
+    assert main_pid(host) != pid
+    # a task of app2 (postgres may name it: a member of every role) runs in a session app2 logged in
+    # (execute_as auto: login, through pg_ident), not in the service's session after SET ROLE
+    task_id = psql(host, "INSERT INTO task (input, \"user\") VALUES ('SELECT session_user', 'app2') "
+                   "RETURNING id", db="app2")
+    final = wait_for(
+        lambda: (s := psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}",
+                           db="app2")).startswith(("DONE", "FAIL")) and s,
+        60, f"task {task_id} in app2 to finish; journal:\n{journal(host)}")
+    assert final == "DONE|app2", (final, journal(host))
+    assert host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active", journal(host)
