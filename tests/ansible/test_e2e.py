@@ -6,6 +6,9 @@ reaching DONE, a second run with changed=0, check mode on the converged host, th
 systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned, and
 then an upgrade to a new version: the venv is upgraded and the service restarted (new PID), and last
 a server setting that needs a restart (listen_addresses): PostgreSQL restarts, the service goes on.
+Then a run that both restarts and would reload the service (one restart, no SIGHUP after it), with an
+entry that names only its database (its tasks log in as its own role), the startup setting removed
+again (PostgreSQL restarts), and a second cluster whose restart check asks that cluster.
 """
 
 from __future__ import annotations
@@ -273,3 +276,37 @@ def test_restart_and_reload_together_restart_only(host, deploy):
         60, f"task {task_id} in app2 to finish; journal:\n{journal(host)}")
     assert final == "DONE|app2", (final, journal(host))
     assert host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active", journal(host)
+
+
+def test_a_removed_startup_setting_restarts_postgresql(host, deploy):
+    entries = [*ENTRIES, NEW_ENTRY, {"data": "app2"}]
+    assert psql(host, "SHOW listen_addresses") == "*"
+    started = psql(host, "SELECT pg_postmaster_start_time()")
+    run = deploy(entries, pgtask_environment={"PGPASSWORD": "pgtask-e2e-secret-3f9c1d"}, pgtask_sleep=400,
+                 **PG_SETTINGS)
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any(name.endswith("Restart PostgreSQL") for name in changed), changed
+    assert psql(host, "SHOW listen_addresses") == "localhost"
+    assert psql(host, "SELECT pg_postmaster_start_time()") != started
+
+
+def test_the_restart_check_asks_the_configured_cluster(host, deploy):
+    """With two clusters, the check whether a setting needs a restart reads the configured one
+    (psql alone would ask the default cluster, on port 5432)."""
+    host.sh("pg_createcluster --start 15 other -- --no-sync >/dev/null")
+    other = "SELECT pg_postmaster_start_time()"
+
+    def psql_other(sql):
+        return host.sh(f"psql -XAtq -p 5433 -c {shlex.quote(sql)}", user="postgres").stdout.strip()
+
+    started, main_started = psql_other(other), psql(host, other)
+    run = deploy([*ENTRIES, NEW_ENTRY, {"data": "app2"}], pgtask_postgresql_cluster="other",
+                 pgtask_environment={"PGPASSWORD": "pgtask-e2e-secret-3f9c1d"}, pgtask_sleep=400,
+                 pgtask_postgresql_settings={"listen_addresses": "*"})
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any(name.endswith("Restart PostgreSQL") for name in changed), changed
+    assert psql_other("SHOW listen_addresses") == "*"
+    assert psql_other(other) != started
+    assert psql(host, other) == main_started

@@ -328,3 +328,25 @@ def test_postgresql_files_quote_what_postgresql_reads(pg):
     read = {name: value for name, value, _ in read}
     assert read == {"pg_task.timeout": "10 min", "pg_task.null": "a\\b'c", "work_mem": "4096",
                     "pg_task.delete": "off", "pg_task.group": "two\nlines"}, read
+
+
+def test_restart_check_sees_startup_settings_changed_added_and_removed():
+    """The handler's query (run after a reload) counts a startup-only setting the files changed,
+    added or dropped; the files are read in the querying session, so no reload is needed here."""
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+    check = next(h for h in handlers if h["name"] == "Restart PostgreSQL if a setting needs it")
+    sql = check["ansible.builtin.command"]["argv"][-1]
+    with cluster("max_prepared_transactions = 5\nwork_mem = '8MB'\n") as c:
+        conf = c.dir / "postgresql-pgtask.conf"
+        assert c.rows(sql) == [["0"]]
+        conf.write_text("max_prepared_transactions = 5\nwork_mem = '16MB'\n")  # reloadable only
+        assert c.rows(sql) == [["0"]]
+        conf.write_text("max_prepared_transactions = 6\n")  # changed
+        assert c.rows(sql) == [["1"]]
+        conf.write_text("max_prepared_transactions = 5\nmax_locks_per_transaction = 128\n")  # added
+        assert c.rows(sql) == [["1"]]
+        conf.write_text("work_mem = '8MB'\n")  # removed: back to the default needs a restart
+        assert c.rows(sql) == [["1"]]
+    # and of the configured cluster, not Debian's default one (test_e2e has two)
+    assert check["environment"]["PGCLUSTER"] == (
+        "{{ pgtask_postgresql_version }}/{{ pgtask_postgresql_cluster }}")
