@@ -277,6 +277,17 @@ def test_numbers_from_the_command_line_render_as_numbers(tmp_path):
                       "pgtask_settings.pgtask.grace")
 
 
+def test_non_bmp_characters_render_as_toml(tmp_path):
+    schema = "jobs_\U0001F600"
+    run = role_play(tmp_path, "preflight", ("pgtask.toml",), pgtask_dsn="application_name=\U0001F680 dbname=x\x7f",
+                    pgtask_entries=[{"data": "d", "schema": schema}],
+                    pgtask_settings={"pgtask": {"retention": "7 days"}, "pg_task": {"reset": "1 hour"}})
+    assert run.rc == 0, run.output[-3000:]
+    cfg = load_config(tmp_path / "pgtask.toml")
+    assert cfg.get("pg_task.json") == [{"data": "d", "schema": schema}]
+    assert cfg.dsn == "application_name=\U0001F680 dbname=x\x7f"
+
+
 # the postgresql entry point's checks refuse what would inject lines or break the files
 @pytest.mark.parametrize(("var", "value", "named"), [
     ("pgtask_postgresql_hba", [{"type": "host", "database": "all", "user": "all", "address": "10.0.0.0/8",
