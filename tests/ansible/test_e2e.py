@@ -6,6 +6,9 @@ reaching DONE, a second run with changed=0, check mode on the converged host, th
 systemd-analyze, then a new entry: the service reloads (same PID) and the entry is provisioned, and
 then an upgrade to a new version: the venv is upgraded and the service restarted (new PID), and last
 a server setting that needs a restart (listen_addresses): PostgreSQL restarts, the service goes on.
+Then a run that both restarts and would reload the service (one restart, no SIGHUP after it), with an
+entry that names only its database (its tasks log in as its own role), the startup setting removed
+again (PostgreSQL restarts), and a second cluster whose restart check asks that cluster.
 """
 
 from __future__ import annotations
@@ -242,3 +245,68 @@ def test_a_setting_that_needs_a_restart_restarts_postgresql(host, deploy):
     assert final == "DONE|4", final
     again = deploy(entries, pgtask_version=version, pgtask_source_dir=str(REPO), **settings)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
+def test_restart_and_reload_together_restart_only(host, deploy):
+    """A run that changes both the environment (restart) and the config (reload): one restart, no
+    SIGHUP on its heels (it can reach pgtask before its handler is installed and end it for good),
+    and an entry with only `data` logs in as its own role (pg_ident maps it) instead of SET ROLE."""
+    entries = [*ENTRIES, NEW_ENTRY, {"data": "app2"}]
+    secret = "pgtask-e2e-secret-3f9c1d"
+    pid = main_pid(host)
+    run = deploy(entries, "-vvv", pgtask_environment={"PGPASSWORD": secret}, pgtask_sleep=400,
+                 pgtask_postgresql_settings={"pg_task.timeout": "5 min", "listen_addresses": "*"})
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any("Restart pgtask" in name for name in changed), changed
+    assert not any("Reload pgtask" in name for name in changed), changed
+    # the password reached no command line and no log line, -vvv included
+    assert secret not in run.output
+    assert host.sh("grep -c pgtask-e2e-secret /etc/pgtask/pgtask.env").stdout.strip() == "1"
+    wait_for(lambda: host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active",
+             30, "pgtask to be active after the restart")
+    assert main_pid(host) != pid
+    # a task of app2 (postgres may name it: a member of every role) runs in a session app2 logged in
+    # (execute_as auto: login, through pg_ident), not in the service's session after SET ROLE
+    task_id = psql(host, "INSERT INTO task (input, \"user\") VALUES ('SELECT session_user', 'app2') "
+                   "RETURNING id", db="app2")
+    final = wait_for(
+        lambda: (s := psql(host, f"SELECT state, output FROM task WHERE id = {int(task_id)}",
+                           db="app2")).startswith(("DONE", "FAIL")) and s,
+        60, f"task {task_id} in app2 to finish; journal:\n{journal(host)}")
+    assert final == "DONE|app2", (final, journal(host))
+    assert host.sh("systemctl is-active pgtask", check=False).stdout.strip() == "active", journal(host)
+
+
+def test_a_removed_startup_setting_restarts_postgresql(host, deploy):
+    entries = [*ENTRIES, NEW_ENTRY, {"data": "app2"}]
+    assert psql(host, "SHOW listen_addresses") == "*"
+    started = psql(host, "SELECT pg_postmaster_start_time()")
+    run = deploy(entries, pgtask_environment={"PGPASSWORD": "pgtask-e2e-secret-3f9c1d"}, pgtask_sleep=400,
+                 **PG_SETTINGS)
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any(name.endswith("Restart PostgreSQL") for name in changed), changed
+    assert psql(host, "SHOW listen_addresses") == "localhost"
+    assert psql(host, "SELECT pg_postmaster_start_time()") != started
+
+
+def test_the_restart_check_asks_the_configured_cluster(host, deploy):
+    """With two clusters, the check whether a setting needs a restart reads the configured one
+    (psql alone would ask the default cluster, on port 5432)."""
+    host.sh("pg_createcluster --start 15 other -- --no-sync >/dev/null")
+    other = "SELECT pg_postmaster_start_time()"
+
+    def psql_other(sql):
+        return host.sh(f"psql -XAtq -p 5433 -c {shlex.quote(sql)}", user="postgres").stdout.strip()
+
+    started, main_started = psql_other(other), psql(host, other)
+    run = deploy([*ENTRIES, NEW_ENTRY, {"data": "app2"}], pgtask_postgresql_cluster="other",
+                 pgtask_environment={"PGPASSWORD": "pgtask-e2e-secret-3f9c1d"}, pgtask_sleep=400,
+                 pgtask_postgresql_settings={"listen_addresses": "*"})
+    assert_ok(run)
+    changed = run.changed_tasks()
+    assert any(name.endswith("Restart PostgreSQL") for name in changed), changed
+    assert psql_other("SHOW listen_addresses") == "*"
+    assert psql_other(other) != started
+    assert psql(host, other) == main_started
