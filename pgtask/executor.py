@@ -293,6 +293,7 @@ class SessionPool:
 
     async def _open(self, user: str, settings: tuple[tuple[str, str], ...]) -> Session:
         use_login = self.mode == "login" or (self.mode == "auto" and user not in self.no_login)
+        refused: psycopg.OperationalError | None = None  # the role's own login, refused
         if use_login or user == self.service_user:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo(settings, user), autocommit=True)
@@ -303,7 +304,7 @@ class SessionPool:
                     raise
                 refused = exc
         conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
-        if use_login and user != self.service_user:  # auto, and the role's login was refused
+        if refused is not None and user != self.service_user:  # auto, and the role's login was refused
             await self._fall_back(conn, user, refused)
         return await Session.opened(conn, user, set_role=True, settings=settings)
 
@@ -549,11 +550,6 @@ class NotStarted(Exception):
     """The task's start was not confirmed (its lease was lost): its input was not sent."""
 
 
-def _raise_if_lost(err: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> None:
-    if wire.lost(err, pgconn):
-        raise psycopg.OperationalError(format_error(err, None))
-
-
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
                     output_limit: int, spi: bool = False,
                     start_work: Callable[[], Awaitable[bool]] | None = None) -> tuple[str | None, str | None]:
@@ -583,9 +579,9 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     except wire.LeadFailed as failed:
         # Nothing of it ran: two round trips -- unless it was cancelled (STOP, shutdown): then the
         # input must not run at all, and the task ends as a cancelled two-trip preamble does.
-        _raise_if_lost(failed.result, session.pgconn)
+        wire.raise_if_lost(failed.result, session.pgconn)
         if session.pgconn.transaction_status == pq.TransactionStatus.INERROR:  # the preamble's block
-            _raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding), session.pgconn)
+            wire.raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding), session.pgconn)
         session.needs_reset = True
         cancelled = failed.result if wire.sqlstate(failed.result) == CANCELLED else None
         return await _two_trips(session, task, schema, table, oid, out, spi, start_work, cancelled)
@@ -605,7 +601,7 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
         err, started, spi_value = await run_preamble(
             session, preamble(task, schema, table, oid, session.set_role, reset=session.needs_reset,
                               own=session.settings))
-    _raise_if_lost(err, session.pgconn)
+    wire.raise_if_lost(err, session.pgconn)
     session.needs_reset = True  # it holds this task's settings now (or still the previous task's)
     if err is None:
         session.spi, session.spi_known = spi_value, True
@@ -635,7 +631,7 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
                      offset: int = 0) -> tuple[str | None, str | None]:
     """After the input ran: its error (positions counted from the input's start, ``offset``
     characters into the query string), a transaction it left open ended; (output, error)."""
-    _raise_if_lost(err, session.pgconn)
+    wire.raise_if_lost(err, session.pgconn)
     encoding = session.encoding_now()  # the input may have changed it
     style = session.error_style
     error = format_error(err, task.input, encoding, style=style, offset=offset) if err is not None else None
@@ -643,7 +639,7 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
     if status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
         # A transaction left open by input is committed (a failed one rolls back); tag not printed.
         end = await wire.simple(session.pgconn, "COMMIT", encoding)
-        _raise_if_lost(end, session.pgconn)
+        wire.raise_if_lost(end, session.pgconn)
         if end is not None and error is None:
             error = format_error(end, task.input, encoding, style=style)
     output = out.value(encoding)

@@ -21,7 +21,6 @@ Where this differs from the C code is listed in docs/execution.md.
 from __future__ import annotations
 
 import pglast
-import psycopg
 from psycopg import pq
 
 from . import wire
@@ -125,8 +124,7 @@ async def run(pgconn: pq.abc.PGconn, input_text: str, out: Output, encoding: str
             err = await wire.run(pgconn, runnable, out, local=True, encoding=encoding)
         finally:
             del out.raw
-        if wire.lost(err, pgconn):  # the session ended (as in executor._raise_if_lost)
-            raise psycopg.OperationalError(format_error(err, None))
+        wire.raise_if_lost(err, pgconn)  # the session ended: not the task's error
         if err is not None:
             error = _error(err, input_text, encoding, style)
         elif copied:  # only reachable if pglast could not parse input

@@ -12,7 +12,17 @@ from collections.abc import Callable
 import psycopg
 from psycopg import pq
 
-from .output import COMMAND_OK, COPY_BOTH, COPY_IN, COPY_OUT, FATAL_ERROR, SINGLE_TUPLE, TUPLES_OK, Output
+from .output import (
+    COMMAND_OK,
+    COPY_BOTH,
+    COPY_IN,
+    COPY_OUT,
+    FATAL_ERROR,
+    SINGLE_TUPLE,
+    TUPLES_OK,
+    Output,
+    format_error,
+)
 
 
 async def _wait(fd: int, write: bool = False) -> None:
@@ -198,3 +208,9 @@ def lost(res: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> bool:
         return False
     severity = (res.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"").decode()
     return severity in ("FATAL", "PANIC") or pgconn.status == pq.ConnStatus.BAD
+
+
+def raise_if_lost(res: pq.abc.PGresult | None, pgconn: pq.abc.PGconn) -> None:
+    """Raise psycopg.OperationalError (a lost connection, to the caller) if ``res`` is lost()."""
+    if lost(res, pgconn):
+        raise psycopg.OperationalError(format_error(res, None))

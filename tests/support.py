@@ -61,6 +61,11 @@ def provision_again(db, schema: str = "public", table: str = "task"):
     return asyncio.run(go())
 
 
+def spi_on(db) -> None:
+    """pg_task.spi = on for the test database (ALTER DATABASE): sessions opened from now on run SPI mode."""
+    db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+
+
 def hold_claims(sched) -> dict:
     """Tasks an in-process scheduler claims stay in flight, not run: its dispatch only records them.
     Returns that record (task id -> Task), for a test that finishes them itself."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, _free_port, wait_for, wait_for_async
+from support import Service, _free_port, spi_on, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
@@ -137,7 +137,7 @@ def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service
     (an input that ends or crashes its own backend) it fails with the reason, libpq's or the
     server's whole text."""
     if mode == "spi":
-        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+        spi_on(db)
     service_factory(db.name)
     task_id = db.insert("SELECT pg_terminate_backend(pg_backend_pid())")
     row = db.wait_state(task_id, timeout=60)
@@ -156,7 +156,7 @@ def test_an_error_the_input_raises_with_a_session_ending_code_is_its_error(db, s
     ERROR the input raises itself with admin_shutdown's or connection_failure's SQLSTATE is the
     task's error, with what ran before it kept -- it runs once."""
     if mode == "spi":
-        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+        spi_on(db)
     service_factory(db.name)
     db.execute("CREATE TABLE runs (id bigint)")
     body = f"DO $$BEGIN RAISE EXCEPTION 'not the end' USING ERRCODE = '{code}'; END$$"

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from support import spi_on
 
 CASES = [
     # (input, columns, expected output, expected error)
@@ -154,7 +155,7 @@ def test_errors_are_written_as_the_servers_log_settings_have_them(db, service_fa
     above ERROR drops the STATEMENT line. As the session sees them (ALTER DATABASE here), locally;
     for a remote task, as the service's own connection does (pg_task's worker writes those)."""
     if mode == "spi":
-        db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
+        spi_on(db)
     db.execute(f'ALTER DATABASE "{db.name}" SET log_error_verbosity = verbose')
     db.execute(f'ALTER DATABASE "{db.name}" SET log_min_error_statement = panic')
     remote = {"remote": db.dsn} if mode == "remote" else {}

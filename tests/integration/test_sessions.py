@@ -14,7 +14,7 @@ from support import wait_for, wait_for_async
 
 from pgtask import wire
 from pgtask.config import ConfigError, from_dict
-from pgtask.executor import RESET_SESSION, SessionPool, _raise_if_lost, group_settings
+from pgtask.executor import RESET_SESSION, SessionPool, group_settings
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
@@ -80,7 +80,7 @@ def test_a_query_whose_backend_ends_with_input_unread_fails_as_lost(db, run):
             sock.register(session.pgconn.socket, select.POLLIN)
             wait_for(lambda: any(ev & select.POLLERR for _, ev in sock.poll(0)), message="the socket in error")
             with pytest.raises(psycopg.OperationalError):  # raised, or an error result of a lost connection
-                _raise_if_lost(await asyncio.wait_for(running, 10), session.pgconn)
+                wire.raise_if_lost(await asyncio.wait_for(running, 10), session.pgconn)
         finally:
             await pool.discard(session)
             await pool.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from support import wait_for
+from support import spi_on, wait_for
 
 # One input per row of the manual's restriction table (and then some), run in both modes.
 TABLE = {
@@ -50,10 +50,6 @@ def test_restriction_table_local(db, service):
                                        "STATEMENT:  INSERT INTO t VALUES (4); SELECT 1/0")
     # the dangling BEGIN was committed; the failed implicit transaction rolled back
     assert rows["_t"] == [1, 2, 7]
-
-
-def spi_on(db) -> None:
-    db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')
 
 
 def test_restriction_table_spi(db, service_factory):
