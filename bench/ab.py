@@ -3,6 +3,7 @@
     git worktree add /tmp/before <commit>
     .venv/bin/python -m bench.ab --rounds 4 before=/tmp/before after=.
     .venv/bin/python -m bench.ab --rounds 4 --warm 320 before=/tmp/before after=.
+    .venv/bin/python -m bench.ab --rounds 6 --remote before=/tmp/before after=.
 
 Each round runs every version once (the order reversed every other round), each run a fresh
 database and a fresh `pgtask run` whose code is the version's checkout (its directory goes first
@@ -10,6 +11,9 @@ on the service's PYTHONPATH; the benchmark's own code is this checkout's). A run
 bench.run's "16 groups" figure: --tasks `SELECT 1` (or --body) over --groups groups inserted in one
 statement, after --warm tasks the service ran first. Printed per run and as medians: tasks/s and
 the CPU per task of the server, of its control backends (the claim passes) and of the service.
+With --remote, a run is bench.run's remote figure instead: 1,000 `SELECT pg_sleep(1)` (unless
+--tasks/--body say otherwise), each in its own group and with `remote` pointing at the cluster;
+its wall time is printed first.
 
 This machine's speed drifts by 10-40 % within minutes: compare versions within rounds, and run
 enough rounds that the medians' difference is larger than the rounds' spread. A control: the same
@@ -25,7 +29,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from bench.run import TRIVIAL, Bench
+from bench.run import REMOTE_BODY, TRIVIAL, Bench
 
 
 def version(path: Path) -> str:
@@ -39,21 +43,27 @@ def version(path: Path) -> str:
 
 
 def figure(per_task) -> str:
-    """Run.per_task()'s four figures, as printed."""
-    rate, service, server, control = per_task
-    return f"{rate:,.0f} tasks/s; server {server:.0f}, control {control:.0f}, service {service:.0f} us/task"
+    """Run.per_task()'s four figures and the wall time, as printed."""
+    rate, service, server, control, wall = per_task
+    return (f"{wall:.2f} s, {rate:,.0f} tasks/s; server {server:.0f}, control {control:.0f}, "
+            f"service {service:.0f} us/task")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("versions", nargs="+", metavar="NAME=CHECKOUT")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--tasks", type=int, default=6000)
-    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--tasks", type=int)
+    parser.add_argument("--groups", type=int)
     parser.add_argument("--max", type=int, default=0, help="each task's max (0: one at a time per group)")
     parser.add_argument("--warm", type=int, default=0, help="tasks the service runs before the measured burst")
-    parser.add_argument("--body", default=TRIVIAL)
+    parser.add_argument("--body")
+    parser.add_argument("--remote", action="store_true",
+                        help="remote tasks (bench.run's remote figure): 1,000 pg_sleep(1), a group each")
     args = parser.parse_args()
+    tasks = args.tasks or (1000 if args.remote else 6000)
+    groups = args.groups or (tasks if args.remote else 16)
+    body = args.body or (REMOTE_BODY if args.remote else TRIVIAL)
     versions = []
     for spec in args.versions:
         name, sep, checkout = spec.partition("=")
@@ -66,6 +76,7 @@ def main() -> None:
 
     bench = Bench(1.0, 1)
     bench.start()
+    remote = bench.remote_conninfo() if args.remote else None
     runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in versions}
     try:
         for r in range(args.rounds):
@@ -73,19 +84,19 @@ def main() -> None:
                 saved = os.environ.get("PYTHONPATH")
                 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), saved]))
                 try:
-                    run = bench.run_tasks(args.tasks, args.groups, args.max, args.body, warm=args.warm)
+                    run = bench.run_tasks(tasks, groups, args.max, body, remote=remote, warm=args.warm)
                 finally:
                     if saved is None:
                         del os.environ["PYTHONPATH"]
                     else:
                         os.environ["PYTHONPATH"] = saved
-                runs[name].append(run.per_task())
-                print(f"round {r + 1} {name}: {figure(run.per_task())}", flush=True)
+                runs[name].append((*run.per_task(), run.wall))
+                print(f"round {r + 1} {name}: {figure(runs[name][-1])}", flush=True)
     finally:
         bench.close()
     print("medians:")
     for name, figures in runs.items():
-        print(f"  {name}: {figure([statistics.median(f[i] for f in figures) for i in range(4)])} "
+        print(f"  {name}: {figure([statistics.median(f[i] for f in figures) for i in range(5)])} "
               f"({len(figures)} runs)")
 
 

@@ -93,6 +93,7 @@ PROCESSES = os.cpu_count() or 1
 WARM = 320  # tasks a service runs before the timed burst of the "after a warm-up" row
 G16_TASKS, PEER_JOBS = 6000, 4000  # a 16-group run's tasks, a peer run's jobs (paired rounds and sections)
 TRIVIAL = "SELECT 1"
+REMOTE_BODY = "SELECT pg_sleep(1)"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
@@ -628,13 +629,13 @@ class Bench:
         # about 1,000 / that rate (pgbench's own CPU included), and no client does it in much less.
         self.repeated("pgbench_C", "pgbench -S -C (4 clients, a connection a transaction)", "connections/s",
                       lambda: (self.pgbench_tps("-S", "-C"), ""))
-        remote = f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
+        remote = self.remote_conninfo()
         # --repeat rounds of (floor, pgtask), medians of each: either one alone moves by 20-30 %
         # with the machine's phase and with what ran just before it (1,000 backends exiting).
         floors, walls, hwms = [], [], []
         for _ in range(self.repeat):
             floors.append(asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000)))
-            run = self.run_tasks(1000, 1000, 0, "SELECT pg_sleep(1)", remote=remote)
+            run = self.run_tasks(1000, 1000, 0, REMOTE_BODY, remote=remote)
             walls.append(run.wall)
             hwms.append(run.hwm)
         spread = "median of {}: {}".format
@@ -644,6 +645,10 @@ class Bench:
         self.record("remote_wall", "  wall time for the 1,000 remote sleeps", statistics.median(walls), "s",
                     spread(len(walls), ", ".join(f"{w:.1f}" for w in walls)))
         self.record("remote_hwm", "  service peak RSS (VmHWM) during them, the highest", max(hwms), "MB")
+
+    def remote_conninfo(self) -> str:
+        """``remote`` for the remote figure: this cluster, the run's database (DB, see run_tasks)."""
+        return f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
 
     @staticmethod
     async def _sleep_floor(dsn: str, n: int) -> float:
