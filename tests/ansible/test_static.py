@@ -361,3 +361,30 @@ def test_restart_check_sees_startup_settings_changed_added_and_removed():
     # and of the configured cluster, not Debian's default one (test_e2e has two)
     assert check["environment"]["PGCLUSTER"] == (
         "{{ pgtask_postgresql_version }}/{{ pgtask_postgresql_cluster }}")
+
+
+def test_switches_from_the_command_line_are_read_as_booleans(tmp_path):
+    # -e pgtask_manage_postgresql=false is the string "false": the entry point must still do nothing
+    run = role_play(tmp_path / "off", "postgresql", args=("-e", "pgtask_manage_postgresql=false"))
+    assert run.rc == 0, run.output[-3000:]
+    recap = run.recap("localhost")
+    # the argument validation and the switch check alone ran; every other task was skipped
+    assert (recap["ok"], recap["changed"]) == (2, 0) and recap["skipped"] > 10, run.output[-3000:]
+    for value in ("no", "False", "0", "on"):
+        run = role_play(tmp_path / f"ok-{value}", args=("-e", f"pgtask_provision={value}"))
+        assert run.rc == 0, (value, run.output[-3000:])
+    for value in ("flase", "disabled", "2"):
+        preflight_refuses(role_play(tmp_path / value, args=("-e", f"pgtask_service_enabled={value}")),
+                          "pgtask_service_enabled", value)
+
+
+def test_preflight_refuses_environment_names_systemd_would_drop(tmp_path):
+    ok = role_play(tmp_path / "ok", "preflight", ("pgtask.env",),
+                   pgtask_environment={"PGPASSWORD": 'se"cr\\et', "PGCONNECT_TIMEOUT": 5})
+    assert ok.rc == 0, ok.output[-3000:]
+    assert 'PGPASSWORD="se\\"cr\\\\et"\n' in (tmp_path / "ok" / "pgtask.env").read_text()
+    assert "se\"cr" not in ok.output  # a value is never shown
+    for i, (name, value) in enumerate((("A B", "x"), ("1X", "x"), ("X\nPGHOST", "x"), ("PGHOST", "a\nPGUSER=b"))):
+        run = role_play(tmp_path / str(i), pgtask_environment={name: value})
+        preflight_refuses(run, f"pgtask_environment.{name}")
+        assert "PGUSER=b" not in run.output.split("fatal:", 1)[-1]
