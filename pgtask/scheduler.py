@@ -924,6 +924,7 @@ class Scheduler:
         deletes = [t for _, t, (out, err), _ in finishes if t.delete and out is None and err is None]
         repeats = any(t.repeats for _, t, _, _ in finishes)
         backoff = Backoff()
+        retried = False
         while True:
             try:
                 async with self.writers.connection() as conn:
@@ -947,6 +948,7 @@ class Scheduler:
                 delay = backoff.next()
                 log.warning("flush failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+                retried = True
             except psycopg.Error as exc:
                 log.info("batched write failed (%s); writing its %d rows one by one", str(exc).strip(),
                          len(batch))
@@ -955,9 +957,23 @@ class Scheduler:
                 for _, task, (output, error), fut in finishes:
                     fut.set_result(await self._finish_one(task, output, error, release=False))
                 return
+        if retried:
+            unmatched = [(t, t in deletes) for _, t, _, _ in finishes if ("f", t.id) not in matched]
+            matched |= {("f", i) for i in await self._finished_already(unmatched)}
         if any(kind == "r" for kind, _ in matched):
             self.wake.set()  # a repeat was inserted: its plan may be the next deadline
         _resolve(batch, matched)
+
+    async def _finished_already(self, tasks: list[tuple[Task, bool]]) -> set[int]:
+        """Of (task, its finish deletes the row) whose finish was written again after the connection
+        was lost and did not match, the ids the first attempt finished: it committed, only its answer
+        was lost -- the result is in the table, not dropped (see "finished_already")."""
+        if not tasks:
+            return set()
+        row = await self._write("finished_already", {
+            "id": [t.id for t, _ in tasks], "attempt": [t.attempt for t, _ in tasks],
+            "lease": [t.lease for t, _ in tasks], "gone": [gone for _, gone in tasks]})
+        return set(row[0])
 
     async def _run_flush(self, conn: psycopg.AsyncConnection, name: str, names: tuple[str, ...],
                          params: dict) -> set[tuple[str, int]]:
@@ -981,6 +997,7 @@ class Scheduler:
         backoff = Backoff()
         refused = 0
         row = None
+        retried = False
         while True:
             try:
                 async with self.writers.connection() as conn:
@@ -1000,6 +1017,7 @@ class Scheduler:
                 delay = backoff.next()
                 log.warning("task %s: finish failed (%s); retrying in %.1fs", task.id, exc, delay)
                 await asyncio.sleep(delay)
+                retried = True
             except psycopg.Error as exc:
                 # Something in the database (a user's trigger on the table, most likely) refused the
                 # finish. Record why, without repeat/delete/pause. If even that is refused, the task
@@ -1020,6 +1038,9 @@ class Scheduler:
             t.add_done_callback(self.refused_writes.discard)
             return REFUSED
         lost = row is None and not refused
+        if lost and retried:
+            gone = task.delete and output is None and error is None
+            lost = task.id not in await self._finished_already([(task, gone)])
         if release:
             if lost:
                 log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
@@ -1032,6 +1053,7 @@ class Scheduler:
         written again, later each time (up to a minute apart), until the database takes it --
         someone mended the trigger -- or the service stops; only then is the task released."""
         backoff = Backoff(first=1.0, cap=60.0)
+        retried = False
         while not self.stopping:
             delay = backoff.next()
             log.error("task %s: its failure was refused too; it stays WORK, writing it again in %.1fs",
@@ -1042,8 +1064,9 @@ class Scheduler:
                     row = await (await conn.execute(self.q("finish"), params)).fetchone()
             except psycopg.Error as exc:
                 log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
+                retried = retried or isinstance(exc, psycopg.OperationalError)
                 continue
-            if row is None:
+            if row is None and not (retried and await self._finished_already([(task, False)])):
                 log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
             self._release(task)
             return

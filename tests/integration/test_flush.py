@@ -2,7 +2,9 @@
 keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, error, the repeat."""
 
 import asyncio
+import contextlib
 import itertools
+import threading
 
 import pytest
 from support import hold_claims, wait_for, wait_for_async
@@ -248,3 +250,68 @@ def test_a_slow_user_trigger_on_a_finish_holds_up_no_claims(db, caplog):
     assert len(handed) == 1, handed  # the second went to a writer at once
     assert "statement timeout" in handed[0]
 
+
+
+@contextlib.contextmanager
+def commits_wait_for_a_standby(db):
+    """synchronous_standby_names names a standby that never comes: a commit that waits for the WAL
+    flush then waits for it as well, after committing locally -- and a backend ended while it waits
+    has committed, its client never hearing so (the server warns "The transaction has already
+    committed locally"). Yields once a probe's commit was seen waiting (the reload has reached the
+    server); the test's own connection commits without waiting (the service's finishes ask for
+    synchronous_commit = on whatever the cluster's default)."""
+    db.execute("SET synchronous_commit = local")
+    db.execute("CREATE TABLE sync_probe (x int)")
+    db.execute("ALTER SYSTEM SET synchronous_standby_names = 'pgtask_test_nobody'")
+    db.execute("SELECT pg_reload_conf()")
+    try:
+        with db.connect() as probe:
+            pid = probe.info.backend_pid
+            probe.execute("SET synchronous_commit = on")  # the test cluster's default is off
+            writes = threading.Thread(target=probe.execute, args=("INSERT INTO sync_probe VALUES (1)",))
+            writes.start()
+            wait_for(lambda: db.value("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)) == "SyncRep",
+                     message="a commit waiting for the standby")
+            db.execute("SELECT pg_cancel_backend(%s)", (pid,))
+            writes.join()
+        yield
+    finally:
+        db.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        db.execute("SELECT pg_reload_conf()")
+
+
+def test_a_finish_committed_before_its_connection_was_lost_is_not_reported_lost(db, caplog):
+    """A finish that committed on a connection lost before its answer came is written again on
+    another one, which matches nothing (the rows are ended, or deleted): the results are in the
+    table, and the service says so instead of "lease lost: result dropped". Batched finishes (one of
+    them deleting its row) and a finish of its own (negative max) alike."""
+    plain = db.insert("SELECT 1", group="a")
+    deleted = db.insert("SELECT 1", group="b", delete=True)  # finished without output: deleted
+    alone = db.insert("SELECT 1", group="c", max=-1)
+    # PostgreSQL's default, which the test cluster turns off: a finish of its own waits for the flush
+    db.execute(f'ALTER DATABASE "{db.name}" SET synchronous_commit = on')
+
+    async def go() -> None:
+        sched = db.scheduler(run=10)
+        await sched.start()
+        claimed = hold_claims(sched)
+        try:
+            assert (await sched.claim_pass())[0] == 3
+            with commits_wait_for_a_standby(db):
+                finishing = asyncio.gather(sched.finish(claimed[plain], "1", None),
+                                           sched.finish(claimed[deleted], None, None),
+                                           sched.finish(claimed[alone], "3", None))
+                waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+                await wait_for_async(lambda: len(db.execute(waiting)) == 2, message="both commits waiting")
+                db.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) w")
+                await finishing
+        finally:
+            await sched.close()
+
+    with caplog.at_level("INFO", logger="pgtask"):
+        asyncio.run(go())
+    assert "flush failed" in caplog.text and "finish failed" in caplog.text, caplog.text  # both were retried
+    assert "lease lost" not in caplog.text, caplog.text
+    assert (db.task(plain)["state"], db.task(plain)["output"]) == ("DONE", "1")
+    assert (db.task(alone)["state"], db.task(alone)["output"]) == ("DONE", "3")
+    assert db.value("SELECT count(*) FROM task WHERE id = %s", (deleted,)) == 0
