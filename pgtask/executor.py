@@ -160,6 +160,16 @@ _UNLOCK = "pg_advisory_unlock_all()"
 RESET_SESSION = f"{_RESET_STATEMENTS}; SELECT {_UNLOCK}"
 
 
+class Reloads:
+    """How many times the service saw the server read its configuration again: shared by a pool's
+    sessions, each of which reads its error style again when the count moved (Session.style)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class Session(Connection):
     """One executor connection: a task author's session (or the service's, in set_role mode).
 
@@ -181,20 +191,35 @@ class Session(Connection):
         # the author's pg_task.spi as the last preamble read it (spi_known: one has read it)
         self.spi: str | None = None
         self.spi_known = False
-        self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see opened
+        self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see style
+        self.reloads = Reloads()  # the pool's count of configuration reloads (SessionPool)
+        self.style_reloads = -1  # that count when error_style was read
 
     @classmethod
     async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
-                     settings: tuple[tuple[str, str], ...] = ()) -> Session:
-        """A new session, with the error style its settings give (log_error_verbosity and
-        log_min_error_statement, as ALTER SYSTEM, DATABASE and ROLE have them when it opens)."""
+                     settings: tuple[tuple[str, str], ...] = (), reloads: Reloads | None = None) -> Session:
+        """A new session, with the error style its settings give (see style)."""
         session = cls(conn, user, set_role, settings)
+        if reloads is not None:
+            session.reloads = reloads
         try:
-            session.error_style = ErrorStyle.of(await (await conn.execute(ErrorStyle.QUERY)).fetchone())
+            await session.style()
         except BaseException:
             await conn.close()
             raise
         return session
+
+    async def style(self) -> None:
+        """Read the session's error style (log_error_verbosity and log_min_error_statement, as ALTER
+        SYSTEM, DATABASE and ROLE have them) when it opens, and again before its next task once the
+        server's configuration was reloaded since (SessionPool.config_reloaded): as the manual's
+        worker, whose settings follow a reload, writes the next error."""
+        if self.style_reloads == self.reloads.count:
+            return
+        reloads = self.reloads.count
+        cur = self.conn.cursor(row_factory=psycopg.rows.tuple_row)
+        self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
+        self.style_reloads = reloads
 
     async def reset(self) -> None:
         """Back to a clean session now."""
@@ -236,9 +261,15 @@ class SessionPool:
         self.trim: asyncio.TimerHandle | None = None
         self.base_options = conninfo_to_dict(base_conninfo).get("options")
         self.connecting = 0  # sessions being opened now (at most connecting_max)
+        self.reloads = Reloads()  # configuration reloads seen (config_reloaded), shared with the sessions
         # tasks waiting for a session: (role, future); the future gets a session of that role put
         # back, or _SLOT (a connection slot handed over: open one)
         self.waiting: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
+
+    def config_reloaded(self) -> None:
+        """The server read its configuration again: every session reads its error style again
+        before its next task (Session.style)."""
+        self.reloads.count += 1
 
     async def get(self, user: str, settings: tuple[tuple[str, str], ...] = ()) -> Session:
         """An idle session of ``user`` -- one opened with these ``settings`` if there is one (see
@@ -297,7 +328,7 @@ class SessionPool:
         if use_login or user == self.service_user:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo(settings, user), autocommit=True)
-                return await Session.opened(conn, user, set_role=False, settings=settings)
+                return await Session.opened(conn, user, set_role=False, settings=settings, reloads=self.reloads)
             except psycopg.OperationalError as exc:
                 if self.mode == "login" or "not permitted to log in" not in str(exc) and \
                         "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
@@ -306,7 +337,7 @@ class SessionPool:
         conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
         if refused is not None and user != self.service_user:  # auto, and the role's login was refused
             await self._fall_back(conn, user, refused)
-        return await Session.opened(conn, user, set_role=True, settings=settings)
+        return await Session.opened(conn, user, set_role=True, settings=settings, reloads=self.reloads)
 
     async def _fall_back(self, conn: psycopg.AsyncConnection, user: str, refused: Exception) -> None:
         """execute_as = auto and ``user`` cannot log in: its tasks run through SET ROLE from the
@@ -565,6 +596,7 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
     Raises psycopg.OperationalError if the connection was lost (the outcome is unknown).
     """
     await session.settled()  # a cancel meant for the task before must not reach this one
+    await session.style()  # read again after a configuration reload
     if session.needs_reset and session.encoding_changed():
         # The previous task changed the session's client encoding: the server would read this
         # task's text in that encoding. The reset (ASCII) first, on its own, restores it.

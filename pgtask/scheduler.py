@@ -205,7 +205,10 @@ class Scheduler:
         self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
         self.tasks: set[asyncio.Task] = set()
         self.control: psycopg.AsyncConnection | None = None
-        self.error_style = DEFAULT_STYLE  # the service's: see connect_control
+        # the settings remote tasks' errors are written by (pg_task's worker writes them), as this
+        # service's control backend has them: read by every claim pass (see "next")
+        self.error_style = DEFAULT_STYLE
+        self.conf_loaded = None  # the control backend's pg_conf_load_time(): see claim_pass
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
@@ -267,9 +270,6 @@ class Scheduler:
                 # Its statements are planned with PLANNER_SETTINGS. Nothing this connection writes
                 # needs to wait for the WAL flush (claims, resets: see claim_pass).
                 await conn.execute(f"{PLANNER_SETTINGS}; SET synchronous_commit = off")
-                # the settings remote tasks' errors are written by (pg_task's worker writes them)
-                cur = conn.cursor(row_factory=psycopg.rows.tuple_row)
-                self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
                 # Tasks still running here keep their liveness locks across a reconnect. A task that
                 # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
                 # id unlocked that the new session does not hold only gives a warning).
@@ -478,7 +478,12 @@ class Scheduler:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
-            next_in, due = loader.load_row(0, tuple)
+            next_in, due, conf_loaded, *style = loader.load_row(0, tuple)
+        self.error_style = ErrorStyle.of(style)
+        if conf_loaded != self.conf_loaded:  # the server's configuration was read again
+            if self.conf_loaded is not None:
+                self.sessions.config_reloaded()
+            self.conf_loaded = conf_loaded
         # claiming again after an empty pass: plan again for the queue as it is now (see above)
         self.pass_replan = bool(tasks) and self.pass_idle
         self.pass_idle = not tasks and not self.inflight

@@ -221,11 +221,14 @@ UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 
 FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
 
 -- next --
--- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max).
+-- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max); then
+-- when this backend last read the server's configuration (a reload: the sessions' error style is
+-- read again, see Session.style) and the error style in force here (remote tasks' errors).
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                           - statement_timestamp())::float8,
-       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp()
+       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
+       pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
 
 -- statistics --
 -- Whether the planner's statistics describe the queue, looked at before claiming starts after an
