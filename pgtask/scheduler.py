@@ -93,7 +93,6 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     return sql.SQL(named.query("queries.sql", name)).format(
         table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"),
         copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
-        flush_finished=sql.SQL(named.query("queries.sql", "flush_finished")).format(table=ident),
     ).as_string(None)
 
 

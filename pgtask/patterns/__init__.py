@@ -177,7 +177,8 @@ def render(text: str, schema: str, table: str, opts: dict | None = None, extra: 
 
 # Queries a notebook runs that are exactly what the service does itself: (file, name) in pgtask/sql.
 SERVICE_QUERIES = {("maintenance", "reset_orphans"): ("queries.sql", "reset"),
-                   ("maintenance", "purge_batch"): ("maintenance.sql", "retention_delete")}
+                   ("maintenance", "purge_batch"): ("maintenance.sql", "retention_delete"),
+                   ("maintenance", "purgeable"): ("maintenance.sql", "retention_purgeable")}
 
 
 def query(pattern: str, name: str, schema: str = "public", table: str = "task", extra: dict | None = None,

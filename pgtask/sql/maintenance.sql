@@ -77,17 +77,36 @@ WITH cutoff AS (
     SELECT coalesce(%(now)s, statement_timestamp()) - %(retention)s::interval AS at
 ), candidate AS (
     SELECT t."id" FROM {table} t, cutoff
-    WHERE t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
-      AND coalesce(t."stop", CASE WHEN t."pid" IS NULL THEN t."plan" END) < cutoff.at
-      AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
-                      AND (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
-                           AND c."state"::text = ANY(%(states)s)
-                           AND coalesce(c."stop", CASE WHEN c."pid" IS NULL THEN c."plan" END) < cutoff.at) IS NOT TRUE)
+    WHERE {@retention_deletable}
     ORDER BY t."id" DESC
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 )
 DELETE FROM {table} t USING candidate d WHERE t."id" = d."id"
+
+-- retention_deletable --
+-- (Part of retention_delete and retention_purgeable: rows t, the cutoff's time as cutoff.at.) The
+-- rows retention deletes: old, none of whose children is anything but old.
+t."state" IN ('DONE', 'FAIL', 'GONE', 'STOP') AND t."state"::text = ANY(%(states)s)
+      AND coalesce(t."stop", CASE WHEN t."pid" IS NULL THEN t."plan" END) < cutoff.at
+      AND NOT EXISTS (SELECT FROM {table} c WHERE c."parent" = t."id"
+                      AND (c."state" IN ('DONE', 'FAIL', 'GONE', 'STOP')
+                           AND c."state"::text = ANY(%(states)s)
+                           AND coalesce(c."stop", CASE WHEN c."pid" IS NULL THEN c."plan" END) < cutoff.at) IS NOT TRUE)
+
+-- retention_purgeable --
+-- What retention_delete deletes when its batches run until one deletes nothing, counted by state
+-- (the maintenance notebook's preview of its purge). The others wait: those with a child queued,
+-- running, recent or in a state not given. Deleting a batch never makes another row deletable (it
+-- only removes old children), so this is exact but for rows that change meanwhile.
+WITH cutoff AS (
+    SELECT coalesce(%(now)s, statement_timestamp()) - %(retention)s::interval AS at
+)
+SELECT t."state"::text AS "state", count(*) AS "tasks", min(t."stop") AS "oldest_stop",
+       max(t."stop") AS "newest_stop"
+FROM {table} t, cutoff
+WHERE {@retention_deletable}
+GROUP BY 1 ORDER BY 1
 
 -- keys_expire --
 -- One bounded batch of expired idempotency reservations whose task is no longer queued or running

@@ -272,7 +272,7 @@ WITH sync AS MATERIALIZED (SELECT set_config('synchronous_commit', %(sync)s, tru
       AND t."state"::text IN ('TAKE', 'WORK')
     RETURNING t."id"
 ), f AS (
-    {flush_finished}
+    {@flush_finished}
 ), r AS (
     -- as finish_repeat, from the finished rows
     INSERT INTO {table} ("parent", "plan", {copy_columns})
@@ -295,7 +295,7 @@ UNION ALL SELECT 's', 0 FROM sync
 -- and the table's statement triggers: about 60 us of the server's CPU a flush (a quarter of it).
 WITH sync AS MATERIALIZED (SELECT set_config('synchronous_commit', 'on', true),
                                   set_config('pgtask.quiet', 'on', true)), f AS (
-    {flush_finished}
+    {@flush_finished}
 )
 SELECT 'f' AS kind, "id" FROM f UNION ALL SELECT 's', 0 FROM sync
 
