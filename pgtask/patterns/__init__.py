@@ -28,6 +28,7 @@ changes nothing and returns an empty report. ``uninstall()`` undoes it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,8 +108,18 @@ def sections(pattern: str) -> tuple[Section, ...]:
         lines = [line for line in body.strip().splitlines()]
         while lines and lines[0].startswith("--"):  # the section's own comment
             lines.pop(0)
-        out.append(Section(kind, name, "\n".join(lines).strip()))
+        text = "\n".join(lines).strip()
+        # a part of the service's SQL, included as there ({@file.sql:name}, see pgtask.sql)
+        text = service_sql.INCLUDE.sub(functools.partial(_included, where=f"{pattern}.sql: {name}"), text)
+        out.append(Section(kind, name, text))
     return tuple(out)
+
+
+def _included(m: re.Match, where: str) -> str:
+    other, included = m.groups()
+    if other is None:
+        raise ValueError(f"{where} includes {included}: name the service's file ({{@file.sql:name}})")
+    return service_sql.include(other, included, where)
 
 
 def options(pattern: str, table: str, given: dict | None = None) -> dict[str, object]:

@@ -56,6 +56,6 @@ CROSS JOIN LATERAL (SELECT NOT EXISTS (
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid) AS "orphaned") o
-WHERE (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL AND t."pid" IS NOT NULL))
+WHERE ({@table.sql:slot_held})
   AND (statement_timestamp() - coalesce(t."start", t."plan") > %(stuck_after)s::interval OR o."orphaned")
 ORDER BY t."id"

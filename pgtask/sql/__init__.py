@@ -7,10 +7,11 @@ from functools import cache
 from importlib import resources
 
 _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
-# {@name}: the text of the file's query ``name`` goes there (a part several queries share, written
-# once), before any renderer sees the text -- the service's (psycopg.sql) and the notebooks'
-# (pgtask.patterns.render) fill in the same placeholders in the whole.
-_INCLUDE = re.compile(r"\{@([a-z_]+)\}")
+# {@name}, {@file.sql:name}: the text of the query ``name`` (of this file, or of another one here)
+# goes there -- a part several queries share, written once -- before any renderer sees the text:
+# the service's (psycopg.sql) and the notebooks' (pgtask.patterns.render) fill in the same
+# placeholders in the whole.
+INCLUDE = re.compile(r"\{@(?:([a-z_]+\.sql):)?([a-z_]+)\}")
 
 
 @cache
@@ -29,14 +30,25 @@ def parse(text: str, filename: str = "<text>") -> dict[str, str]:
 
     def expand(name: str, within: tuple[str, ...]) -> str:
         def part(m: re.Match) -> str:
-            if m.group(1) not in raw:
-                raise ValueError(f"{filename}: {name} includes {m.group(1)}, which is not defined")
-            if m.group(1) in within:
-                raise ValueError(f"{filename}: {name} includes itself through {m.group(1)}")
-            return expand(m.group(1), (*within, m.group(1)))
-        return _INCLUDE.sub(part, raw[name])
+            other, included = m.groups()
+            if other is not None:  # another file's (read, and its own includes filled in, on its own)
+                return include(other, included, f"{filename}: {name}")
+            if included not in raw:
+                raise ValueError(f"{filename}: {name} includes {included}, which is not defined")
+            if included in within:
+                raise ValueError(f"{filename}: {name} includes itself through {included}")
+            return expand(included, (*within, included))
+        return INCLUDE.sub(part, raw[name])
 
     return {name: expand(name, (name,)) for name in raw}
+
+
+def include(filename: str, name: str, where: str) -> str:
+    """The query ``name`` of ``filename`` for an include in ``where`` (a file and query, for the error)."""
+    found = queries(filename).get(name)
+    if found is None:
+        raise ValueError(f"{where} includes {filename}:{name}, which is not defined")
+    return found
 
 
 def query(filename: str, name: str) -> str:

@@ -58,9 +58,9 @@ WITH RECURSIVE keys AS (
         WHERE t."state" = 'PLAN' AND (t."group", coalesce(t."remote", '')) > (k.g, k.r)
         ORDER BY 1, 2, 3 DESC LIMIT 1) n
 ), running AS (
-    -- the predicate of the slot index (table.sql), as written there: the index serves the count
+    -- the predicate of the slot index (table.sql), included: the index serves the count
     SELECT "group" AS g, "remote" AS r, count(*) AS n FROM {table}
-    WHERE "state" IN ('TAKE', 'WORK') OR ("state" = 'STOP' AND "stop" IS NULL AND "pid" IS NOT NULL)
+    WHERE {@table.sql:slot_held}
     GROUP BY 1, 2
 ), heads AS (
     SELECT k.g, k.r, greatest(k.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
@@ -203,7 +203,7 @@ RETURNING "id"
 -- within client_connection_check_interval.)
 WITH s AS (
     SELECT t."id" FROM {table} t
-    WHERE (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL AND t."pid" IS NOT NULL))
+    WHERE ({@table.sql:slot_held})
       AND NOT EXISTS (
         SELECT FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1

@@ -54,7 +54,12 @@ CREATE INDEX {index} ON {table} USING btree ("plan") WHERE "state" = 'PLAN'
 -- and "reset" in queries.sql). Few rows, tiny index. (Named <table>_slot_idx: the <table>_running_idx
 -- of earlier versions counted TAKE/WORK only; provisioning drops it.)
 CREATE INDEX {index} ON {table} USING btree ("group", "remote")
-    WHERE "state" IN ('TAKE', 'WORK') OR ("state" = 'STOP' AND "stop" IS NULL AND "pid" IS NOT NULL)
+    WHERE {@slot_held}
+
+-- slot_held --
+-- (Included: the slot index's predicate, and the claim's count and the orphan check, which must
+-- write it as the index does for the planner to use the index.) A row holding its group's slot.
+"state" IN ('TAKE', 'WORK') OR ("state" = 'STOP' AND "stop" IS NULL AND "pid" IS NOT NULL)
 
 -- index_group --
 -- The claim walks each group's queue head in the manual's order (max, then id) and finds the
