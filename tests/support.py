@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal as signals
@@ -77,6 +78,19 @@ def hold_claims(sched) -> dict:
 
     sched.dispatch = dispatch
     return claimed
+
+
+@contextlib.asynccontextmanager
+async def holding_scheduler(db, run: int = 4):
+    """An in-process scheduler of ``db``, started, whose claims stay in flight for the test to finish
+    itself (hold_claims): yields (scheduler, that record); closed after."""
+    sched = db.scheduler(run=run)
+    await sched.start()
+    claimed = hold_claims(sched)
+    try:
+        yield sched, claimed
+    finally:
+        await sched.close()
 
 
 def race(n: int, work: Callable[[Callable[[], object]], object]) -> tuple[list, list]:

@@ -7,7 +7,7 @@ import itertools
 import threading
 
 import pytest
-from support import hold_claims, wait_for, wait_for_async
+from support import holding_scheduler, wait_for, wait_for_async
 
 
 def prepared_names(sched) -> set[str]:
@@ -20,10 +20,7 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
     repeating = db.insert("SELECT 1", group="r", repeat="1 hour")
 
     async def go() -> tuple[set[str], set[str]]:
-        sched = db.scheduler(run=10)
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
+        async with holding_scheduler(db, run=10) as (sched, claimed):
             assert (await sched.claim_pass())[0] == 5
             db.claim(lost)  # another claim took it meanwhile: its finish must not land
             await asyncio.gather(
@@ -34,8 +31,6 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
             lean = prepared_names(sched)
             await sched.finish(claimed[repeating], "1", None)
             return lean, prepared_names(sched)
-        finally:
-            await sched.close()
 
     lean, full = asyncio.run(go())
     assert "flush_finish" in lean and "flush" not in lean, lean
@@ -100,11 +95,8 @@ def test_the_pass_writing_finishes_is_woken_when_the_cohort_has_finished(db):
     ids = [db.insert("SELECT 1", group=f"g{i}") for i in range(4)]
 
     async def go() -> tuple[bool, bool]:
-        sched = db.scheduler(run=10)
-        sched.COHORT_WAIT = sched.SLOW_FLUSH = 60.0  # only the cohort's end wakes it, no flusher
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
+        async with holding_scheduler(db, run=10) as (sched, claimed):
+            sched.COHORT_WAIT = sched.SLOW_FLUSH = 60.0  # only the cohort's end wakes it, no flusher
             assert (await sched.claim_pass())[0] == 4
             sched.wake.clear()
             finishes = [asyncio.create_task(sched.finish(claimed[i], "1", None)) for i in ids[:3]]
@@ -116,8 +108,6 @@ def test_the_pass_writing_finishes_is_woken_when_the_cohort_has_finished(db):
             await sched.claim_pass()
             await asyncio.wait_for(asyncio.gather(*finishes), 10)
             return early, woken
-        finally:
-            await sched.close()
 
     assert asyncio.run(go()) == (False, True)
     assert [db.task(i)["state"] for i in ids] == ["DONE"] * 4
@@ -130,11 +120,8 @@ def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
     ids = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]  # ids[2]: the long one
 
     async def go() -> tuple[bool, set, bool]:
-        sched = db.scheduler(run=10)
-        sched.COHORT_WAIT, sched.SLOW_FLUSH = 0.1, 60.0
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
+        async with holding_scheduler(db, run=10) as (sched, claimed):
+            sched.COHORT_WAIT, sched.SLOW_FLUSH = 0.1, 60.0
             assert (await sched.claim_pass())[0] == 3
             sched.wake.clear()
             first = asyncio.create_task(sched.finish(claimed[ids[0]], "1", None))
@@ -151,8 +138,6 @@ def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
             await sched.claim_pass()
             await asyncio.wait_for(second, 10)
             return held, given_up, at_once
-        finally:
-            await sched.close()
 
     assert asyncio.run(go()) == (True, set(), True)
     assert [db.task(i)["state"] for i in ids] == ["DONE", "DONE", "TAKE"]
@@ -188,18 +173,13 @@ def test_a_rolled_back_finish_leaves_the_flush_statements_in_place(db, caplog):
     refused = db.insert("SELECT 'refuse'", group="refused", max=-1)
 
     async def go() -> None:
-        sched = db.scheduler(run=20)
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
+        async with holding_scheduler(db, run=20) as (sched, claimed):
             assert (await sched.claim_pass())[0] == 11
             await sched.finish(claimed[repeating[0]], "1", None)  # the writer prepares pgtask_flush
             for task_id in pausing:
                 await sched.finish(claimed[task_id], "1", None)   # the same writer, through psycopg
             await sched.finish(claimed[refused], "refuse", None)  # a rollback there
             await sched.finish(claimed[repeating[1]], "1", None)  # pgtask_flush again
-        finally:
-            await sched.close()
 
     with caplog.at_level("INFO", logger="pgtask"):
         asyncio.run(go())
@@ -292,10 +272,7 @@ def test_a_finish_committed_before_its_connection_was_lost_is_not_reported_lost(
     db.execute(f'ALTER DATABASE "{db.name}" SET synchronous_commit = on')
 
     async def go() -> None:
-        sched = db.scheduler(run=10)
-        await sched.start()
-        claimed = hold_claims(sched)
-        try:
+        async with holding_scheduler(db, run=10) as (sched, claimed):
             assert (await sched.claim_pass())[0] == 3
             with commits_wait_for_a_standby(db):
                 finishing = asyncio.gather(sched.finish(claimed[plain], "1", None),
@@ -305,8 +282,6 @@ def test_a_finish_committed_before_its_connection_was_lost_is_not_reported_lost(
                 await wait_for_async(lambda: len(db.execute(waiting)) == 2, message="both commits waiting")
                 db.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) w")
                 await finishing
-        finally:
-            await sched.close()
 
     with caplog.at_level("INFO", logger="pgtask"):
         asyncio.run(go())

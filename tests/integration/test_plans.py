@@ -5,7 +5,7 @@ import contextlib
 
 import psycopg
 import pytest
-from support import hold_claims
+from support import holding_scheduler
 
 from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, numbered, render_query
 
@@ -58,15 +58,10 @@ async def idle_scheduler(db, run: int = 4, analyze_wait: float = 60):
     """An in-process scheduler holding what it claims (hold_claims), after a first pass that found
     the queue empty: its next claim may start a burst. ``analyze_wait``: how long that claim waits
     for the statistics' ANALYZE (long by default: the order is what these tests look at)."""
-    sched = db.scheduler(run=run)
-    sched.ANALYZE_WAIT = analyze_wait
-    await sched.start()
-    claimed = hold_claims(sched)
-    try:
+    async with holding_scheduler(db, run=run) as (sched, claimed):
+        sched.ANALYZE_WAIT = analyze_wait
         assert (await sched.claim_pass())[0] == 0  # empty
         yield sched, claimed
-    finally:
-        await sched.close()
 
 
 def insert_burst(db, tasks: int, groups: int) -> None:

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from support import hold_claims, wait_for, wait_for_async
+from support import holding_scheduler, wait_for, wait_for_async
 
 from pgtask.executor import Task
 from pgtask.scheduler import TASK_COLUMNS, Scheduler
@@ -223,10 +223,7 @@ def test_a_stopped_task_that_ends_without_a_finish_gives_its_slot_back(db, end):
     (its start refused), its session was lost, SIGTERM's grace period cancelled it -- holds its
     group's slot until then, and gets its stop then: it stays STOP and frees the slot."""
     async def go() -> list[int]:
-        sched = db.scheduler()
-        await sched.start()
-        hold_claims(sched)
-        try:
+        async with holding_scheduler(db) as (sched, _):
             a = db.insert("SELECT 1", group="one", max=0)
             task = Task.from_row(db.claim(a, TASK_COLUMNS))
             db.execute("UPDATE task SET state = 'WORK', pid = pg_backend_pid(), start = now() WHERE id = %s", (a,))
@@ -239,8 +236,6 @@ def test_a_stopped_task_that_ends_without_a_finish_gives_its_slot_back(db, end):
             assert (row["state"], row["attempt"], row["stop"] is not None) == ("STOP", 1, True), row
             claimed.append((await sched.claim_pass())[0])
             return claimed
-        finally:
-            await sched.close()
 
     assert asyncio.run(go()) == [0, 0, 1]
 
