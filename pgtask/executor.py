@@ -79,6 +79,11 @@ class Task:
     def fence(self) -> dict:
         return {"id": self.id, "attempt": self.attempt, "lease": self.lease}
 
+    def deleted_by(self, output: str | None, error: str | None) -> bool:
+        """Whether the finish of (output, error) deletes the row: the manual's delete, for a task
+        that ended with neither."""
+        return self.delete and output is None and error is None
+
     def format(self) -> Format:
         return _format(self.delimiter, self.quote, self.escape, self.null, self.header, self.string)
 
@@ -182,7 +187,7 @@ class Session(Connection):
     RESET_DELAY = 0.02
 
     def __init__(self, conn: psycopg.AsyncConnection, user: str, set_role: bool,
-                 settings: tuple[tuple[str, str], ...] = ()):
+                 settings: tuple[tuple[str, str], ...], reloads: Reloads):
         super().__init__(conn)
         self.user, self.set_role = user, set_role
         self.settings = settings  # its own (connection) settings, which a reset restores: see get()
@@ -192,16 +197,14 @@ class Session(Connection):
         self.spi: str | None = None
         self.spi_known = False
         self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see style
-        self.reloads = Reloads()  # the pool's count of configuration reloads (SessionPool)
+        self.reloads = reloads  # the pool's count of configuration reloads (SessionPool)
         self.style_reloads = -1  # that count when error_style was read
 
     @classmethod
     async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
-                     settings: tuple[tuple[str, str], ...] = (), reloads: Reloads | None = None) -> Session:
+                     settings: tuple[tuple[str, str], ...], reloads: Reloads) -> Session:
         """A new session, with the error style its settings give (see style)."""
-        session = cls(conn, user, set_role, settings)
-        if reloads is not None:
-            session.reloads = reloads
+        session = cls(conn, user, set_role, settings, reloads)
         try:
             await session.style()
         except BaseException:

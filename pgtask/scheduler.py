@@ -874,7 +874,7 @@ class Scheduler:
     def _plain(kind: str, task: Task, payload: Any) -> bool:
         """A finish that only finishes (no repeat, no delete) of a task that does not keep its
         session (count/live: its finish is awaited under the control lock, see complete)."""
-        return (kind == "f" and not task.repeats and not (task.delete and payload == (None, None))
+        return (kind == "f" and not task.repeats and not task.deleted_by(*payload)
                 and not Scheduler._keeps_session(task))
 
     def _check_flushes(self, delay: float) -> None:
@@ -925,7 +925,7 @@ class Scheduler:
             # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
             # durable before this (its own commits flush the WAL up to it).
             "sync": "on" if finishes else "off"}
-        deletes = [t for _, t, (out, err), _ in finishes if t.delete and out is None and err is None]
+        deletes = [t for _, t, result, _ in finishes if t.deleted_by(*result)]
         repeats = any(t.repeats for _, t, _, _ in finishes)
         backoff = Backoff()
         retried = False
@@ -1012,7 +1012,7 @@ class Scheduler:
                         row = await cur.fetchone()
                         if row is not None and refused == 0:
                             await conn.execute(self.q("finish_repeat"), params)
-                            if task.delete and output is None and error is None:
+                            if task.deleted_by(output, error):
                                 await conn.execute(self.q("finish_delete"), params)
                             if task.max < 0:
                                 await conn.execute(self.q("finish_pause"), params)
@@ -1043,8 +1043,7 @@ class Scheduler:
             return REFUSED
         lost = row is None and not refused
         if lost and retried:
-            gone = task.delete and output is None and error is None
-            lost = task.id not in await self._finished_already([(task, gone)])
+            lost = task.id not in await self._finished_already([(task, task.deleted_by(output, error))])
         if release:
             if lost:
                 log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
