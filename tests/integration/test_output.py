@@ -5,6 +5,8 @@ import re
 import pytest
 from support import spi_on, wait_for
 
+from pgtask.executor import RESET_SESSION
+
 CASES = [
     # (input, columns, expected output, expected error)
     ("SELECT 1 AS a", {}, "1", None),
@@ -182,6 +184,13 @@ def test_a_reload_changes_the_error_style_of_the_sessions_already_open(db, servi
     service_factory(db.name)
     before = db.wait_state(db.insert("SELECT 1/0", **remote))
     assert before["error"] == "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0", before
+    if mode == "local":
+        # its session resets itself once idle (RESET_DELAY), out of the pool meanwhile: a task
+        # claimed then would open a new session, used from then on (the most recently used first),
+        # and none from before the reload would run a task again
+        wait_for(lambda: db.value("SELECT true FROM pg_stat_activity WHERE pid = %s AND state = 'idle' "
+                                  "AND query = %s", (before["pid"], RESET_SESSION)),
+                 message="the task's session reset and idle")
     reloaded_at = db.value("SELECT clock_timestamp()")
     db.execute("ALTER SYSTEM SET log_error_verbosity = verbose")
     db.execute("SELECT pg_reload_conf()")
