@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pgtask.cluster import Cluster
+from pgtask.executor import RESET_SESSION
 from pgtask.patterns.notebook import wait_until
 
 _counter = itertools.count()
@@ -45,6 +46,15 @@ async def wait_for_async(predicate: Callable[[], object], timeout: float = 10.0,
         assert loop.time() < deadline, f"timed out after {timeout:g}s waiting for {message}"
         await asyncio.sleep(interval)
     return result
+
+
+def sessions_reset_and_idle(db, where: str, params: tuple = ()) -> int:
+    """How many of the service's sessions matching ``where`` (a pg_stat_activity condition) are
+    idle with the session reset as their last query: back in the pool. A session is reset on its
+    own RESET_DELAY after its task and is out of the pool while that runs, so a task claimed then
+    opens a new session instead."""
+    return db.value(f"SELECT count(*) FROM pg_stat_activity WHERE ({where}) AND state = 'idle' AND query = %s",
+                    (*params, RESET_SESSION))
 
 
 def provision_again(db, schema: str = "public", table: str = "task"):

@@ -3,9 +3,7 @@
 import re
 
 import pytest
-from support import spi_on, wait_for
-
-from pgtask.executor import RESET_SESSION
+from support import sessions_reset_and_idle, spi_on, wait_for
 
 CASES = [
     # (input, columns, expected output, expected error)
@@ -185,11 +183,9 @@ def test_a_reload_changes_the_error_style_of_the_sessions_already_open(db, servi
     before = db.wait_state(db.insert("SELECT 1/0", **remote))
     assert before["error"] == "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0", before
     if mode == "local":
-        # its session resets itself once idle (RESET_DELAY), out of the pool meanwhile: a task
-        # claimed then would open a new session, used from then on (the most recently used first),
-        # and none from before the reload would run a task again
-        wait_for(lambda: db.value("SELECT true FROM pg_stat_activity WHERE pid = %s AND state = 'idle' "
-                                  "AND query = %s", (before["pid"], RESET_SESSION)),
+        # else a task claimed while it resets would open a new session, used from then on (the
+        # most recently used first), and none from before the reload would run a task again
+        wait_for(lambda: sessions_reset_and_idle(db, "pid = %s", (before["pid"],)) == 1,
                  message="the task's session reset and idle")
     reloaded_at = db.value("SELECT clock_timestamp()")
     db.execute("ALTER SYSTEM SET log_error_verbosity = verbose")

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 import uvloop
 from psycopg.conninfo import conninfo_to_dict
-from support import wait_for, wait_for_async
+from support import sessions_reset_and_idle, wait_for, wait_for_async
 
 from pgtask import wire
 from pgtask.config import ConfigError, from_dict
-from pgtask.executor import RESET_SESSION, SessionPool, group_settings
+from pgtask.executor import SessionPool, group_settings
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
@@ -27,9 +27,7 @@ def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
 
     first = burst()
     assert len(first) == 40
-    # idle AND reset (a session is reset 20 ms after its task; while that runs it is out of the pool)
-    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_task public task g%%' "
-                              "AND state = 'idle' AND query = %s", (RESET_SESSION,)) == 40,
+    wait_for(lambda: sessions_reset_and_idle(db, "application_name LIKE 'pg_task public task g%%'") == 40,
              message="the 40 sessions to be idle and reset")
     assert burst() == first
 
