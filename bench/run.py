@@ -45,8 +45,10 @@ machine drifts by 10-40 % within minutes.
   of 200, with 1,000 and then 1,000,000 rows planned a year ahead.
 - remote: 1,000 tasks `SELECT pg_sleep(1)`, each with `remote` pointing at this cluster, each its
   own group, one service process; wall = max(stop) - insert time; VmHWM of the service. Next to it
-  the floor: 1,000 concurrent plain psycopg connections each running pg_sleep(1), without pgtask.
-  --repeat rounds of (floor, pgtask); each figure is the median of its rounds. Before them the
+  the floor: 1,000 concurrent plain psycopg connections each running pg_sleep(1), without pgtask,
+  and the same from a C client, pgbench with 1,000 clients (-C: its two threads connect their
+  clients one after another, paced where psycopg opens all 1,000 at once).
+  --repeat rounds of (floor, C floor, pgtask); each figure is the median of its rounds. Before them the
   cluster's own bound: pgbench -S -C (a new connection for every transaction), connections/s; no
   client makes 1,000 remote sleeps in much less than 1,000 / that rate (the server starting and
   ending 1,000 backends at full capacity, every sleep overlapping other backends' starts).
@@ -630,11 +632,12 @@ class Bench:
         self.repeated("pgbench_C", "pgbench -S -C (4 clients, a connection a transaction)", "connections/s",
                       lambda: (self.pgbench_tps("-S", "-C"), ""))
         remote = self.remote_conninfo()
-        # --repeat rounds of (floor, pgtask), medians of each: either one alone moves by 20-30 %
+        # --repeat rounds of (floor, C floor, pgtask), medians of each: any one alone moves by 20-30 %
         # with the machine's phase and with what ran just before it (1,000 backends exiting).
-        floors, walls, hwms = [], [], []
+        floors, c_floors, walls, hwms = [], [], [], []
         for _ in range(self.repeat):
             floors.append(asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000)))
+            c_floors.append(self.pgbench_sleep_floor(1000))
             run = self.run_tasks(1000, 1000, 0, REMOTE_BODY, remote=remote)
             walls.append(run.wall)
             hwms.append(run.hwm)
@@ -642,6 +645,9 @@ class Bench:
         self.record("remote_floor", "floor: 1,000 plain psycopg connections, each pg_sleep(1)",
                     statistics.median(floors), "s", "(what this machine allows without pgtask) " +
                     spread(len(floors), ", ".join(f"{f:.1f}" for f in floors)))
+        self.record("remote_floor_c", "floor, a C client: pgbench, 1,000 clients, each pg_sleep(1)",
+                    statistics.median(c_floors), "s", "(-C: each client connects as its transaction starts) " +
+                    spread(len(c_floors), ", ".join(f"{f:.1f}" for f in c_floors)))
         self.record("remote_wall", "  wall time for the 1,000 remote sleeps", statistics.median(walls), "s",
                     spread(len(walls), ", ".join(f"{w:.1f}" for w in walls)))
         self.record("remote_hwm", "  service peak RSS (VmHWM) during them, the highest", max(hwms), "MB")
@@ -649,6 +655,18 @@ class Bench:
     def remote_conninfo(self) -> str:
         """``remote`` for the remote figure: this cluster, the run's database (DB, see run_tasks)."""
         return f"host={self.cluster.socket_dir} port={self.cluster.port} user=postgres dbname=DB"
+
+    def pgbench_sleep_floor(self, n: int) -> float:
+        """Wall time of pgbench running n clients, one transaction `SELECT pg_sleep(1)` each, with -C: a
+        client written in C, each of its two threads connecting its clients one after another (paced,
+        where the psycopg floor opens all n at once); pgbench's own start and end included."""
+        script = self.base / "sleep.sql"
+        script.write_text(f"{REMOTE_BODY};\n")
+        env = {**os.environ, **self.cluster.env(), "PGDATABASE": "postgres"}
+        t = time.monotonic()
+        subprocess.run([str(self.cluster.bindir / "pgbench"), "-n", "-C", "-c", str(n), "-j", "2", "-t", "1",
+                        "-f", str(script)], env=env, check=True, capture_output=True)
+        return time.monotonic() - t
 
     @staticmethod
     async def _sleep_floor(dsn: str, n: int) -> float:
@@ -719,6 +737,10 @@ class Bench:
         if "remote_wall" in f:
             add("1,000 remote sleeps, s", f["remote_wall"], "<= 3", f["remote_wall"] <= 3)
             add("1,000 remote sleeps / plain-connection floor", f["remote_wall"] / f["remote_floor"], "(no goal)", True)
+            if "remote_floor_c" in f:
+                info("  the least of the two floors, s", min(f["remote_floor"], f["remote_floor_c"]),
+                     "(psycopg all at once, pgbench paced: above 3 s, no client meets the goal on this cluster)"
+                     if min(f["remote_floor"], f["remote_floor_c"]) > 3 else "(psycopg all at once, pgbench paced)")
             if "pgbench_C" in f:
                 info("  the cluster's bound, s", 1000 / f["pgbench_C"],
                      "(1,000 connections at pgbench -C's rate, the sleeps overlapping: about the least any client reaches)")
