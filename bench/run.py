@@ -1,6 +1,6 @@
 """The side-by-side benchmark (issue 8): one throwaway PostgreSQL 15 cluster, one table of results.
 
-    .venv/bin/python -m bench.run                 # everything, about 5 minutes on 2 cores
+    .venv/bin/python -m bench.run                 # everything, about 7 minutes on 2 cores
     .venv/bin/python -m bench.run --only pgtask   # a subset: names below, comma-separated
     .venv/bin/python -m bench.run --scale 0.3     # fewer tasks per run (a quick look)
 
