@@ -48,7 +48,9 @@ machine drifts by 10-40 % within minutes.
   the floor: 1,000 concurrent plain psycopg connections each running pg_sleep(1), without pgtask,
   and the same from a C client, pgbench with 1,000 clients (-C: its two threads connect their
   clients one after another, paced where psycopg opens all 1,000 at once).
-  --repeat rounds of (floor, C floor, pgtask); each figure is the median of its rounds. Before them the
+  --repeat rounds of (floor, C floor, pgtask); each figure is the median of its rounds, and for
+  each pgtask round the CPU it used (server + service) spread over the cores, against its wall
+  time (the burst is CPU-bound: docs/performance.md, twenty-fourth session). Before them the
   cluster's own bound: pgbench -S -C (a new connection for every transaction), connections/s; no
   client makes 1,000 remote sleeps in much less than 1,000 / that rate (the server starting and
   ending 1,000 backends at full capacity, every sleep overlapping other backends' starts).
@@ -634,13 +636,14 @@ class Bench:
         remote = self.remote_conninfo()
         # --repeat rounds of (floor, C floor, pgtask), medians of each: any one alone moves by 20-30 %
         # with the machine's phase and with what ran just before it (1,000 backends exiting).
-        floors, c_floors, walls, hwms = [], [], [], []
+        floors, c_floors, walls, hwms, cpus = [], [], [], [], []
         for _ in range(self.repeat):
             floors.append(asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000)))
             c_floors.append(self.pgbench_sleep_floor(1000))
             run = self.run_tasks(1000, 1000, 0, REMOTE_BODY, remote=remote)
             walls.append(run.wall)
             hwms.append(run.hwm)
+            cpus.append(run)
         spread = "median of {}: {}".format
         self.record("remote_floor", "floor: 1,000 plain psycopg connections, each pg_sleep(1)",
                     statistics.median(floors), "s", "(what this machine allows without pgtask) " +
@@ -650,6 +653,15 @@ class Bench:
                     spread(len(c_floors), ", ".join(f"{f:.1f}" for f in c_floors)))
         self.record("remote_wall", "  wall time for the 1,000 remote sleeps", statistics.median(walls), "s",
                     spread(len(walls), ", ".join(f"{w:.1f}" for w in walls)))
+        # The burst is CPU-bound: its wall time is at least the CPU it used spread over the machine's
+        # cores, and most of that CPU is the server's backends starting and ending (docs/performance.md,
+        # twenty-fourth session).
+        cores = os.cpu_count() or 1
+        self.record("remote_cpu", "  the same: CPU spread over the cores (server + service) / wall, a round",
+                    statistics.median((r.server + r.cpu) / cores / r.wall for r in cpus), "x",
+                    "median; per round: " + "; ".join(
+                        f"{r.wall:.1f} s: server {r.server / r.tasks * 1e6:,.0f} + service {r.cpu / r.tasks * 1e6:,.0f} "
+                        f"us a task, {(r.server + r.cpu) / cores:.1f} s of {cores} cores" for r in cpus))
         self.record("remote_hwm", "  service peak RSS (VmHWM) during them, the highest", max(hwms), "MB")
 
     def remote_conninfo(self) -> str:
