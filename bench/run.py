@@ -288,18 +288,20 @@ class Bench:
         for key, flag in (("pgbench_N", "-N"), ("pgbench_S", "-S")):
             self.repeated(key, f"pgbench {flag} (4 clients)", "TPS", lambda flag=flag: (self.pgbench_tps(flag), ""))
 
+    def run_pgbench(self, database: str, *args: str) -> str:
+        """The cluster's pgbench with ``args`` on ``database``: its output."""
+        env = {**os.environ, **self.cluster.env(), "PGDATABASE": database}
+        return subprocess.run([str(self.cluster.bindir / "pgbench"), *args], env=env, check=True,
+                              capture_output=True, text=True).stdout
+
     def pgbench_tps(self, *flags: str) -> float:
         """One pgbench run (4 clients, 2 threads, 10 s) on the pgbench database (made once, scale 10)."""
-        bindir = self.cluster.bindir
-        env = {**os.environ, **self.cluster.env(), "PGDATABASE": "pgbench"}
         if not self.pgbench_ready:
             with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
                 conn.execute("CREATE DATABASE pgbench")
-            subprocess.run([str(bindir / "pgbench"), "-i", "-q", "-s", "10"], env=env, check=True,
-                           capture_output=True)
+            self.run_pgbench("pgbench", "-i", "-q", "-s", "10")
             self.pgbench_ready = True
-        out = subprocess.run([str(bindir / "pgbench"), *flags, "-c", "4", "-j", "2", "-T", "10"],
-                             env=env, check=True, capture_output=True, text=True).stdout
+        out = self.run_pgbench("pgbench", *flags, "-c", "4", "-j", "2", "-T", "10")
         return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
     # -- the two ratio goals, in paired rounds ---------------------------------------------------
@@ -636,33 +638,37 @@ class Bench:
         remote = self.remote_conninfo()
         # --repeat rounds of (floor, C floor, pgtask), medians of each: any one alone moves by 20-30 %
         # with the machine's phase and with what ran just before it (1,000 backends exiting).
-        floors, c_floors, walls, hwms, cpus = [], [], [], [], []
+        floors, c_floors, runs = [], [], []
         for _ in range(self.repeat):
             floors.append(asyncio.run(self._sleep_floor(self.cluster.conninfo(), 1000)))
             c_floors.append(self.pgbench_sleep_floor(1000))
-            run = self.run_tasks(1000, 1000, 0, REMOTE_BODY, remote=remote)
-            walls.append(run.wall)
-            hwms.append(run.hwm)
-            cpus.append(run)
-        spread = "median of {}: {}".format
+            runs.append(self.run_tasks(1000, 1000, 0, REMOTE_BODY, remote=remote))
+        walls = [run.wall for run in runs]
+
+        def rounds(seconds: list[float]) -> str:
+            return f"median of {len(seconds)}: " + ", ".join(f"{x:.1f}" for x in seconds)
         self.record("remote_floor", "floor: 1,000 plain psycopg connections, each pg_sleep(1)",
-                    statistics.median(floors), "s", "(what this machine allows without pgtask) " +
-                    spread(len(floors), ", ".join(f"{f:.1f}" for f in floors)))
+                    statistics.median(floors), "s", "(what this machine allows without pgtask) " + rounds(floors))
         self.record("remote_floor_c", "floor, a C client: pgbench, 1,000 clients, each pg_sleep(1)",
-                    statistics.median(c_floors), "s", "(-C: each client connects as its transaction starts) " +
-                    spread(len(c_floors), ", ".join(f"{f:.1f}" for f in c_floors)))
+                    statistics.median(c_floors), "s",
+                    "(-C: each client connects as its transaction starts) " + rounds(c_floors))
         self.record("remote_wall", "  wall time for the 1,000 remote sleeps", statistics.median(walls), "s",
-                    spread(len(walls), ", ".join(f"{w:.1f}" for w in walls)))
+                    rounds(walls))
         # The burst is CPU-bound: its wall time is at least the CPU it used spread over the machine's
         # cores, and most of that CPU is the server's backends starting and ending (docs/performance.md,
         # twenty-fourth session).
         cores = os.cpu_count() or 1
+        ratios, notes = [], []
+        for run in runs:
+            _, service, server, _ = run.per_task()
+            spread = (run.server + run.cpu) / cores  # s of all the cores
+            ratios.append(spread / run.wall)
+            notes.append(f"{run.wall:.1f} s: server {server:,.0f} + service {service:,.0f} us a task, "
+                         f"{spread:.1f} s of {cores} cores")
         self.record("remote_cpu", "  the same: CPU spread over the cores (server + service) / wall, a round",
-                    statistics.median((r.server + r.cpu) / cores / r.wall for r in cpus), "x",
-                    "median; per round: " + "; ".join(
-                        f"{r.wall:.1f} s: server {r.server / r.tasks * 1e6:,.0f} + service {r.cpu / r.tasks * 1e6:,.0f} "
-                        f"us a task, {(r.server + r.cpu) / cores:.1f} s of {cores} cores" for r in cpus))
-        self.record("remote_hwm", "  service peak RSS (VmHWM) during them, the highest", max(hwms), "MB")
+                    statistics.median(ratios), "x", "median; per round: " + "; ".join(notes))
+        self.record("remote_hwm", "  service peak RSS (VmHWM) during them, the highest",
+                    max(run.hwm for run in runs), "MB")
 
     def remote_conninfo(self) -> str:
         """``remote`` for the remote figure: this cluster, the run's database (DB, see run_tasks)."""
@@ -674,10 +680,8 @@ class Bench:
         where the psycopg floor opens all n at once); pgbench's own start and end included."""
         script = self.base / "sleep.sql"
         script.write_text(f"{REMOTE_BODY};\n")
-        env = {**os.environ, **self.cluster.env(), "PGDATABASE": "postgres"}
         t = time.monotonic()
-        subprocess.run([str(self.cluster.bindir / "pgbench"), "-n", "-C", "-c", str(n), "-j", "2", "-t", "1",
-                        "-f", str(script)], env=env, check=True, capture_output=True)
+        self.run_pgbench("postgres", "-n", "-C", "-c", str(n), "-j", "2", "-t", "1", "-f", str(script))
         return time.monotonic() - t
 
     @staticmethod
@@ -750,9 +754,9 @@ class Bench:
             add("1,000 remote sleeps, s", f["remote_wall"], "<= 3", f["remote_wall"] <= 3)
             add("1,000 remote sleeps / plain-connection floor", f["remote_wall"] / f["remote_floor"], "(no goal)", True)
             if "remote_floor_c" in f:
-                info("  the least of the two floors, s", min(f["remote_floor"], f["remote_floor_c"]),
-                     "(psycopg all at once, pgbench paced: above 3 s, no client meets the goal on this cluster)"
-                     if min(f["remote_floor"], f["remote_floor_c"]) > 3 else "(psycopg all at once, pgbench paced)")
+                least = min(f["remote_floor"], f["remote_floor_c"])
+                info("  the least of the two floors, s", least, "(psycopg all at once, pgbench paced" +
+                     (": above 3 s, no client meets the goal on this cluster)" if least > 3 else ")"))
             if "pgbench_C" in f:
                 info("  the cluster's bound, s", 1000 / f["pgbench_C"],
                      "(1,000 connections at pgbench -C's rate, the sleeps overlapping: about the least any client reaches)")
