@@ -75,6 +75,11 @@ def test_keyed_enqueue_as_an_author(db):
         assert first[1] is True and enqueue(conn, "k1") == (first[0], False)
         plain = conn.execute("INSERT INTO task (input) VALUES ('SELECT 2')").rowcount
         assert plain == 1
+        # the key reserved by hand, as docs/schedules.md shows
+        with conn.transaction():
+            reserved = conn.execute("""INSERT INTO task_key (key, task, expires)
+                VALUES ('k', nextval('task_id_seq'), now() + '7 days') ON CONFLICT DO NOTHING RETURNING task""").fetchone()
+            conn.execute("INSERT INTO task (id, input) VALUES (%s, 'SELECT 3')", reserved)
         assert conn.execute("SELECT id FROM task_open ORDER BY id").fetchall()[0] == (first[0],)
         # the refusals of a task insert: a state but PLAN or STOP, a pid, a progress column
         for columns in ("(input, state) VALUES ('SELECT 1', 'DONE')", "(input, pid) VALUES ('SELECT 1', 1)"):
@@ -82,7 +87,8 @@ def test_keyed_enqueue_as_an_author(db):
                 conn.execute(f"INSERT INTO task {columns}")
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="cannot set task column"):
             enqueue(conn, "k2", columns='{"state": "DONE"}')
-    assert db.task(first[0])["user"] == alice and db.value("SELECT count(*) FROM task") == 2
+    assert db.task(first[0])["user"] == alice and db.value("SELECT count(*) FROM task") == 3
+    assert db.task(reserved[0])["user"] == alice
 
 
 def test_concurrent_keyed_enqueue_as_an_author(db):
