@@ -3,6 +3,8 @@
 Fields: 5 (``minute hour day-of-month month day-of-week``) or 6 (``second`` first, then the five),
 ranges, steps, lists, names (JAN-DEC, SUN-SAT), the macros @yearly @monthly @weekly @daily @hourly,
 and croniter's extensions (``L`` last day of month, ``MON#2`` second Monday, ``5L`` last Friday).
+The last weekday of the month is taken in both spellings, ``5L`` / ``FRIL`` (Quartz's) and ``L5``
+(croniter's own).
 
 Daylight saving time (the rule of Vixie cron, which most crontabs assume):
   * a local time that does not exist (the clock jumps 02:00 -> 03:00) runs at the first instant
@@ -15,6 +17,7 @@ All times handed out are UTC-aware datetimes, i.e. instants; the database stores
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -22,10 +25,22 @@ from croniter import croniter
 from croniter.croniter import CroniterError
 
 MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
+# a last-weekday item of the day-of-week field: 5L, FRIL (a day, then L) or L5, LFRI
+_LAST_WEEKDAY = re.compile(r"^(?:([0-7]|[A-Z]{3})L|L([0-7]|[A-Z]{3}))$", re.IGNORECASE)
 
 
 class CronError(ValueError):
     """An invalid expression or time zone; the message says which."""
+
+
+def _last_weekday(item: str) -> str:
+    """croniter's spelling (L5) of a last-weekday item of the day-of-week field; others unchanged."""
+    m = _LAST_WEEKDAY.match(item)
+    if m is None:
+        return item
+    day = (m.group(1) or m.group(2)).upper()
+    return f"L{DAYS.index(day) if day in DAYS else day}"
 
 
 class Cron:
@@ -42,6 +57,8 @@ class Cron:
         elif len(fields) in (5, 6):
             self.seconds = len(fields) == 6
             self.hour_field = fields[2] if self.seconds else fields[1]
+            fields[-1] = ",".join(_last_weekday(item) for item in fields[-1].split(","))
+            self.expr = " ".join(fields)
         else:
             raise CronError(f"cron expression {expr!r}: expected 5 fields (minute hour day month weekday) "
                             "or 6 (second first)")

@@ -1,5 +1,5 @@
 """Idempotent provisioning: role, database, schema, enum, table, defaults, constraints, indexes,
-triggers. Every step checks pg_catalog first and only creates or alters what is missing or
+triggers, the objects beside the table and the role its authors are granted. Every step checks pg_catalog first and only creates or alters what is missing or
 different; the caller gets the list of what changed (``pgtask provision --json``).
 
 Objects a user added (columns, triggers, indexes, partitions) are never dropped or rewritten.
@@ -351,10 +351,11 @@ class TableProvisioner:
     # -- schedules, idempotency keys, group capacity (sql/schedule.sql) ---------------------------
     async def extras(self, oid: int) -> None:
         """The tables and functions beside the task table: <table>_schedule, _occurrence, _key,
-        _group; <table>_enqueue(), <table>_schedule_next(); the capacity trigger on the task table."""
+        _group; <table>_enqueue(), <table>_schedule_next(); the capacity trigger on the task table;
+        the view <table>_open, the row-level security of _key and _schedule, the authors' role."""
         c = self.conn
         ids = {**self.ids, **{kind: sql.Identifier(self.schema, _ident_name(f"{self.table}_{suffix}"))
-                              for kind, suffix in EXTRA_TABLES.items()},
+                              for kind, suffix in {**EXTRA_TABLES, "open": OPEN_VIEW}.items()},
                "regclass": sql.Literal(self.name_literal()), "channel": sql.Literal(channel(oid))}
 
         def q(name: str, **extra) -> sql.Composed:
@@ -404,11 +405,21 @@ class TableProvisioner:
                 await c.execute(q(f"{query_name}_trigger", fn=sql.Identifier(self.schema, fn_name),
                                   trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name}")
+        rel = _ident_name(f"{self.table}_{OPEN_VIEW}")
+        if await self._relation(rel) is None:  # after is_service, which it asks
+            await c.execute(q("create_open"))
+            await c.execute(q("comment_open"))
+            if self.owner:
+                await c.execute(sql.SQL("ALTER VIEW {} OWNER TO {}").format(ids["open"], sql.Identifier(self.owner)))
+            self.report.add(f"created view {self.schema}.{rel}")
         await self._keys_per_role(ids["keys"], q)
+        for kind, query_name in (("keys", "keys_policy"), ("schedule", "schedule_policy")):
+            await self._policy(kind, query_name, q)
+        await self.authors(ids)
 
     async def _keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
-        table is converted) and the row-level security policy that keeps a role to its rows."""
+        table is converted; the row-level security policy keeps a role to its rows: _policy)."""
         c = self.conn
         rel = _ident_name(f"{self.table}_{EXTRA_TABLES['keys']}")
         regclass = keys.as_string(c)
@@ -421,11 +432,49 @@ class TableProvisioner:
             await c.execute(q("keys_per_role", pkey=sql.Identifier(pkey)))
             self.report.add(f"made the keys of {self.schema}.{rel} per role"
                             + (f" ({orphans} whose task is gone now the owner's)" if orphans else ""))
+
+    async def _policy(self, kind: str, query_name: str, q) -> None:
+        """The row-level security that keeps a role to its own rows of a table beside the task table."""
+        rel = _ident_name(f"{self.table}_{EXTRA_TABLES[kind]}")
         policy = _ident_name(f"{rel}_role")
-        if await _one(c, "SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s",
-                      (regclass, policy)) is None:
-            await c.execute(q("keys_policy", policy=sql.Identifier(policy)))
+        if await _one(self.conn, "SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s",
+                      (sql.Identifier(self.schema, rel).as_string(self.conn), policy)) is None:
+            await self.conn.execute(q(query_name, policy=sql.Identifier(policy)))
             self.report.add(f"created policy {policy} on {self.schema}.{rel}")
+
+    async def authors(self, ids: dict) -> None:
+        """The table's authors' role (author_role): created NOLOGIN when missing, where the
+        provisioning role may create roles (else an administrator's provisioning does), and given
+        what it lacks of AUTHOR_PRIVILEGES. A role name PostgreSQL reserves (pg_...) gets none."""
+        c, role = self.conn, author_role(self.table)
+        if await _one(c, "SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)) is None:
+            if role.startswith("pg_") or not (await _one(
+                    c, "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"))[0]:
+                return
+            try:
+                async with c.transaction():  # another database's provisioning may create it meanwhile
+                    await c.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+                self.report.add(f"created role {role}")
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
+                pass
+        for kind, name, privileges in AUTHOR_PRIVILEGES:
+            ident = sql.Identifier(self.schema, function_name(self.table, name)) if kind == "FUNCTION" \
+                else ids[name]
+            oid, target = await _one(c, sql.SQL("SELECT x::oid, x::text FROM (SELECT {} AS x) t").format(
+                sql.SQL(AUTHOR_TARGETS[kind])), (ident.as_string(c),))
+            held = sql.SQL("SELECT coalesce(array_agg(p), '{{}}') FROM unnest(%s::text[]) p WHERE {}(%s, %s, p)").format(
+                sql.Identifier(f"has_{kind.lower()}_privilege"))
+            have = set((await _one(c, held, (list(privileges), role, oid)))[0])
+            missing = [p for p in privileges if p not in have]
+            if not missing:
+                continue
+            await c.execute(sql.SQL("GRANT {} ON {} {} TO {}").format(
+                sql.SQL(", ").join(map(sql.SQL, missing)), sql.SQL(kind), sql.SQL(target), sql.Identifier(role)))
+            # a role that may not grant them gets a warning from the server, not an error
+            now = set((await _one(c, held, (missing, role, oid)))[0])
+            if now:
+                self.report.add(f"granted {', '.join(p for p in missing if p in now)} on {kind.lower()} "
+                                f"{target} to {role}")
 
     async def _relation(self, name: str) -> tuple | None:
         return await _one(self.conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -449,6 +498,38 @@ EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettabl
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
                    "schedule_wake": ("schedule_wake", "schedule")}
+
+
+OPEN_VIEW = "open"  # the view of the caller's queued or running task ids (create_open)
+# The privileges a table's authors' role holds: (kind of object, which object, privileges). The
+# tables beside the task table keep a role to its own rows (row-level security, the guards);
+# task_group is shared: its members set any group's capacity.
+AUTHOR_PRIVILEGES = (
+    ("SCHEMA", "schema", ("USAGE",)),
+    ("TABLE", "table", ("INSERT",)),
+    ("SEQUENCE", "table", ("USAGE",)),
+    ("FUNCTION", "enqueue", ("EXECUTE",)),
+    ("TABLE", "keys", ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    ("TABLE", "open", ("SELECT",)),
+    ("TABLE", "schedule", ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    ("SEQUENCE", "schedule", ("USAGE",)),
+    ("FUNCTION", "schedule_next", ("EXECUTE",)),
+    ("TABLE", "groups", ("SELECT", "INSERT", "UPDATE", "DELETE")),
+)
+# each kind's object, from its quoted identifier (the server's name of it goes into the GRANT)
+AUTHOR_TARGETS = {
+    "SCHEMA": "%s::regnamespace",
+    "TABLE": "%s::regclass",
+    "SEQUENCE": "pg_get_serial_sequence(%s, 'id')::regclass",
+    "FUNCTION": "%s::regproc::oid::regprocedure",
+}
+
+
+def author_role(table: str) -> str:
+    """The NOLOGIN role provisioning creates for a task table's authors, ``<table>_user``: granted
+    to a role, it holds every privilege that role needs to schedule work (docs/security.md).
+    Roles are the cluster's: one per table name, for the tables of that name in every database."""
+    return function_name(table, "user")
 
 
 def function_name(table: str, kind: str) -> str:

@@ -1,8 +1,8 @@
 -- Schedules, idempotency keys and group capacity: the objects beside a task table, named after it.
 -- Placeholders (identifiers, filled in by provision.py with psycopg.sql):
---   {table} the task table, {schedule} {occurrence} {keys} {groups} the tables below,
---   {fn} the function being created, {trigger} {index} names, {regclass} the task table as a
---   literal for ::regclass, {channel} the table's NOTIFY channel (literal).
+--   {table} the task table, {schedule} {occurrence} {keys} {groups} the tables below, {open}
+--   the view below, {fn} the function being created, {trigger} {index} {policy} names, {regclass}
+--   the task table as a literal for ::regclass, {channel} the table's NOTIFY channel (literal).
 -- Every object is created only when pg_catalog lacks it; functions are replaced when their body
 -- changed. Nothing here changes what a plain INSERT INTO task does, except for groups that have a
 -- row in {groups} (capacity).
@@ -81,11 +81,34 @@ ALTER TABLE {keys} ALTER COLUMN "user" SET NOT NULL, ALTER COLUMN "user" SET DEF
 -- A role sees and writes only its own reservations and those of roles it is a member of; the
 -- service (is_service: its roles, the owner; superusers bypass row-level security) all of them.
 ALTER TABLE {keys} ENABLE ROW LEVEL SECURITY;
-CREATE POLICY {policy} ON {keys}
-    USING ("user" = current_user
+CREATE POLICY {policy} ON {keys} USING ({@own_rows})
+
+-- own_rows --
+-- (Part of the policies and the view below: a row with a "user" column.) The current role's row,
+-- one of a role it is a member of, or any row for the service.
+"user" = current_user
            OR EXISTS (SELECT FROM pg_catalog.pg_roles r
                       WHERE r.rolname = "user" AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))
-           OR {is_service}(current_user))
+           OR {is_service}(current_user)
+
+-- schedule_policy --
+-- As for the keys: a role sees, changes and deletes only its own schedules and those of roles it
+-- is a member of (the guards below still decide what a member or the service may change).
+ALTER TABLE {schedule} ENABLE ROW LEVEL SECURITY;
+CREATE POLICY {policy} ON {schedule} USING ({@own_rows})
+
+-- create_open --
+-- The ids of the current role's tasks (and those of roles it is a member of) that are queued or
+-- running: whether a reservation's task still holds its key (enqueue) without SELECT on the task
+-- table, which would show a role every role's input and output. A view reads the table with its
+-- owner's rights while current_user stays the caller; security_barrier keeps a caller's own
+-- function in a WHERE on the view from seeing the rows the view leaves out.
+CREATE VIEW {open} WITH (security_barrier) AS
+SELECT t."id" FROM {table} t
+WHERE t."state"::text IN ('PLAN', 'TAKE', 'WORK') AND ({@own_rows})
+
+-- comment_open --
+COMMENT ON VIEW {open} IS 'Ids of the current role''s queued or running tasks (pgtask)'
 
 -- comment_keys --
 COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
@@ -211,6 +234,8 @@ CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION 
 -- enqueue(input, key, columns, ttl) -> (id, created): insert a task, optionally under an
 -- idempotency key. While the key's reservation is alive the call creates nothing and returns the
 -- reserved task's id with created = false. Runs as the caller (the task's "user" is the caller's).
+-- It needs no SELECT on the task table: the id is taken first, and whether a reservation's task is
+-- still queued or running is asked of {open}.
 -- columns: other task columns as a jsonb object, e.g. group, plan, timeout.
 -- ttl: how long the reservation lives (default: setting pg_task.key_retention, else 7 days); it
 -- never expires while its task is queued or running.
@@ -234,28 +259,28 @@ BEGIN
         RAISE EXCEPTION 'cannot set task column(s) %', bad USING ERRCODE = 'invalid_parameter_value',
             HINT = 'columns takes the columns a user may set on insert, e.g. group, plan, timeout.';
     END IF;
+    new_id := nextval(pg_get_serial_sequence({regclass}, 'id'));
     IF $2 IS NOT NULL THEN
         -- the caller's own key: another role's reservation of the same key is not in its way
-        new_id := nextval(pg_get_serial_sequence({regclass}, 'id'));
         INSERT INTO {keys} AS r ("user", "key", "task", "expires")
         VALUES (current_user, $2, new_id, statement_timestamp() + coalesce($4,
                 nullif(current_setting('pg_task.key_retention', true), '')::interval, '7 days'))
         ON CONFLICT ("user", "key") DO UPDATE
             SET "task" = excluded."task", "created" = excluded."created", "expires" = excluded."expires"
-            WHERE r."expires" <= statement_timestamp() AND NOT EXISTS (
-                SELECT FROM {table} t WHERE t."id" = r."task" AND t."state"::text IN ('PLAN', 'TAKE', 'WORK'))
+            WHERE r."expires" <= statement_timestamp()
+              AND NOT EXISTS (SELECT FROM {open} o WHERE o."id" = r."task")
         RETURNING r."task" INTO held;
         IF held IS NULL THEN
             SELECT r."task" INTO held FROM {keys} r WHERE r."user" = current_user AND r."key" = $2;
             RETURN QUERY SELECT held, false;
             RETURN;
         END IF;
-        c := c || jsonb_build_object('id', new_id);
     END IF;
+    c := c || jsonb_build_object('id', new_id);
     SELECT string_agg(quote_ident(k), ', ') INTO names FROM jsonb_object_keys(c) k;
-    EXECUTE format('INSERT INTO %1$s (%2$s) SELECT %2$s FROM jsonb_populate_record(NULL::%1$s, $1) RETURNING "id"',
+    EXECUTE format('INSERT INTO %1$s (%2$s) SELECT %2$s FROM jsonb_populate_record(NULL::%1$s, $1)',
                    {regclass}::regclass, names)
-        INTO new_id USING c;
+        USING c;
     RETURN QUERY SELECT new_id, true;
 END
 $body$

@@ -100,17 +100,16 @@ def test_key_retention_setting(db):
 
 
 def test_task_user_is_the_caller(db):
-    db.execute("CREATE ROLE idem_alice LOGIN")
-    db.execute("GRANT ALL ON task, task_key TO idem_alice; GRANT USAGE ON SEQUENCE task_id_seq TO idem_alice")
+    db.execute("CREATE ROLE idem_alice LOGIN IN ROLE task_user")
     with db.connect(user="idem_alice") as conn:
         tid, created = conn.execute("SELECT * FROM task_enqueue('SELECT 1', 'x', '{\"user\": \"postgres\"}')").fetchone()
     assert created and db.task(tid)["user"] == "idem_alice"
 
 
 def _roles(db, *names):
-    """LOGIN roles that may enqueue with keys (db.role, and all rights on task_key)."""
+    """LOGIN roles that may enqueue with keys (db.role, and the table's authors' role)."""
     for name in names:
-        db.execute(f'GRANT ALL ON task_key TO "{db.role(name)}"')
+        db.execute(f'GRANT task_user TO "{db.role(name)}"')
 
 
 def test_each_role_has_its_own_keys(db):

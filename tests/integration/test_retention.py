@@ -32,11 +32,16 @@ def finished(db, state="DONE", age_days=10, parent=None, n=1):
             db.execute("UPDATE task SET state = 'TAKE' WHERE id = %s", (tid,))
         if state != "PLAN":
             db.execute("UPDATE task SET state = %s WHERE id = %s", (state, tid))
-        db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
-        db.execute("UPDATE task SET stop = %s WHERE id = %s", (stop if state != "PLAN" else None, tid))
-        db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
+        finish(db, tid, stop if state != "PLAN" else None)
         ids.append(tid)
     return ids if n > 1 else ids[0]
+
+
+def finish(db, task_id: int, stop: datetime | None) -> None:
+    """Set a task's stop time, as its run would have (the progress guard set aside)."""
+    db.execute("ALTER TABLE task DISABLE TRIGGER task_update")
+    db.execute("UPDATE task SET stop = %s WHERE id = %s", (stop, task_id))
+    db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
 
 
 def test_deletes_old_finished_rows_in_batches(db):
