@@ -92,7 +92,7 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
     """The README's quick start as a newcomer follows it: this repository's committed HEAD cloned
     under a directory only root may enter (like /root), on a path with a space; `./run` in one shell,
     a task through its embedded cluster, and `./test` (two of this file's tests, both versions)
-    in another while `./run` goes on."""
+    in another while `./run` goes on; the directories above the checkout keep their modes."""
     outer = Path(tempfile.mkdtemp(prefix="pgtask-quickstart-"))  # 0700
     checkout = outer / "with space" / "project"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "VIRTUAL_ENV"))}
@@ -103,11 +103,15 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
                               check=True).stdout.strip()
         subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(checkout)], check=True)
         subprocess.run(["git", "-C", str(checkout), "checkout", "-q", head], check=True)
+        modes = [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)]
+        assert modes[0] == "0o700"
         with open(tmp_path / "run.log", "wb") as log:
             run = subprocess.Popen(["./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         wait_for(lambda: "pgtask running" in (out := (tmp_path / "run.log").read_text(errors="replace")) or
                  run.poll() is not None and pytest.fail(f"./run exited:\n{out}"), 300, message="./run")
+        # what the server user could not reach was put where it can: nothing above the checkout chmod-ed
+        assert [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)] == modes
         readme_psql = ["psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
         task_id = subprocess.run([*readme_psql, "-c", "INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id"],
                                  capture_output=True, text=True, check=True, env=env).stdout.split()[0]
