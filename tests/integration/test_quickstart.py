@@ -86,8 +86,6 @@ def test_group_max_concurrency(db, service, max_):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(os.geteuid() != 0, reason="clones into a directory only its owner may enter: as root the "
-                    "server runs as postgres, who may not enter it")
 def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
     """The README's quick start as a newcomer follows it: this repository's committed HEAD cloned
     under a directory only root may enter (like /root), on a path with a space; `./run` in one shell,
