@@ -88,7 +88,7 @@ def test_group_max_concurrency(db, service, max_):
 @pytest.mark.timeout(600)
 def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
     """The README's quick start as a newcomer follows it: this repository's committed HEAD cloned
-    under a directory only root may enter (like /root), on a path with a space; `./run` in one shell,
+    under a directory only its owner may enter (like /root or a 0700 home), on a path with a space; `./run` in one shell,
     a task through its embedded cluster, and `./test` (two of this file's tests, both versions)
     in another while `./run` goes on; the directories above the checkout keep their modes."""
     outer = Path(tempfile.mkdtemp(prefix="pgtask-quickstart-"))  # 0700
