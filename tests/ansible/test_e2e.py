@@ -310,3 +310,22 @@ def test_the_restart_check_asks_the_configured_cluster(host, deploy):
     assert psql_other("SHOW listen_addresses") == "*"
     assert psql_other(other) != started
     assert psql(host, other) == main_started
+
+
+def test_a_cluster_that_does_not_come_up_fails_the_run_with_its_log(host, deploy):
+    """A startup setting the server rejects: the restart that applies it, and the next run's start,
+    fail right there (not tasks later at a missing socket), with the server's log lines."""
+    entries = [*ENTRIES, NEW_ENTRY, {"data": "app2"}]
+    common = {"pgtask_postgresql_cluster": "other", "pgtask_environment": {"PGPASSWORD": "pgtask-e2e-secret-3f9c1d"},
+              "pgtask_sleep": 400}
+    bad = {"listen_addresses": "*", "max_connections": "many"}
+    for attempt in ("restart", "start"):
+        run = deploy(entries, pgtask_postgresql_settings=bad, **common)
+        assert run.rc != 0 and run.recap(HOST)["failed"] == 1, (attempt, run.output[-6000:])
+        failed = run.output.split("fatal: [box]: FAILED!")[1]
+        assert "does not accept connections" in failed and 'parameter \\"max_connections\\"' in failed, (
+            attempt, run.output[-6000:])
+        assert host.sh("systemctl is-active postgresql@15-other", check=False).stdout.strip() != "active"
+    again = deploy(entries, pgtask_postgresql_settings={"listen_addresses": "*"}, **common)
+    assert_ok(again)
+    assert host.sh("systemctl is-active postgresql@15-other", check=False).stdout.strip() == "active"

@@ -23,7 +23,8 @@ def test_embedded_default(tmp_path):
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     cluster = Cluster(tmp_path / "pg", embedded_bindir(), port=port)
     try:
-        wait_for(lambda: "pgtask running" in (tmp_path / "run.log").read_text(), 90,
+        wait_for(lambda: "pgtask running" in (log_text := (tmp_path / "run.log").read_text()) or
+                 proc.poll() is not None and pytest.fail(f"pgtask run exited:\n{log_text}"), 90,
                  message="the embedded cluster and the service")
         with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
             task_id = conn.execute("INSERT INTO task (input) VALUES ('SELECT version()') RETURNING id").fetchone()[0]
@@ -37,4 +38,4 @@ def test_embedded_default(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        cluster.stop("immediate")
+        cluster.destroy()  # as root it may live outside tmp_path (cluster.SERVER_HOME)

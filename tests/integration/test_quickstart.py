@@ -1,6 +1,19 @@
-"""The manual's Quick start statements, exactly as written, against the running service."""
+"""The manual's Quick start statements, exactly as written, against the running service; and the
+README's quick start, `./run` beside `./test`, from a fresh clone."""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
+from support import wait_for
+
+from pgtask.cluster import SERVER_HOME, Cluster, find_bindir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QUICK_START = [
     "INSERT INTO task (input) VALUES ('SELECT now()')",
@@ -69,3 +82,54 @@ def test_group_max_concurrency(db, service, max_):
     # the largest number of runs overlapping at any start
     overlap = db.value("SELECT max((SELECT count(*) FROM seen b WHERE b.at <= a.at AND b.until > a.at)) FROM seen a")
     assert overlap == max_ + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
+    """The README's quick start as a newcomer follows it: this repository's committed HEAD cloned
+    under a directory only its owner may enter (like /root or a 0700 home), on a path with a space; `./run` in one shell,
+    a task through its embedded cluster, and `./test` (two of this file's tests, both versions)
+    in another while `./run` goes on; the directories above the checkout keep their modes."""
+    outer = Path(tempfile.mkdtemp(prefix="pgtask-quickstart-"))  # 0700
+    checkout = outer / "with space" / "project"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "VIRTUAL_ENV"))}
+    run = None
+    copies = set(SERVER_HOME.glob("pginstall-*"))
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(checkout)], check=True)
+        subprocess.run(["git", "-C", str(checkout), "checkout", "-q", head], check=True)
+        modes = [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)]
+        assert modes[0] == "0o700"
+        with open(tmp_path / "run.log", "wb") as log:
+            run = subprocess.Popen(["./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        wait_for(lambda: "pgtask running" in (out := (tmp_path / "run.log").read_text(errors="replace")) or
+                 run.poll() is not None and pytest.fail(f"./run exited:\n{out}"), 300, message="./run")
+        # what the server user could not reach was put where it can: nothing above the checkout chmod-ed
+        assert [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)] == modes
+        readme_psql = ["psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
+        task_id = subprocess.run([*readme_psql, "-c", "INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id"],
+                                 capture_output=True, text=True, check=True, env=env).stdout.split()[0]
+        wait_for(lambda: subprocess.run([*readme_psql, "-c", f"SELECT state FROM task WHERE id = {int(task_id)}"],
+                                        capture_output=True, text=True, env=env, check=False).stdout.strip()
+                 == "DONE",
+                 30, message="the task in ./run's embedded cluster")
+        tests = subprocess.run(["./test", "tests/integration/test_quickstart.py", "-q", "-p", "no:cacheprovider",
+                                "-k", "quick_start_as_written or quick_start_runs"],
+                               cwd=checkout, env=env, capture_output=True, text=True, timeout=400, check=False)
+        assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+        assert tests.stdout.count("2 passed") == 2, tests.stdout[-4000:]
+        assert run.poll() is None, (tmp_path / "run.log").read_text(errors="replace")
+        run.terminate()
+        assert run.wait(60) == 0, (tmp_path / "run.log").read_text(errors="replace")
+    finally:
+        if run is not None and run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        Cluster(checkout / ".pgtask", find_bindir("auto")).destroy()
+        shutil.rmtree(outer, ignore_errors=True)
+        for made in set(SERVER_HOME.glob("pginstall-*")) - copies:  # the clone's server binaries, copied
+            shutil.rmtree(made, ignore_errors=True)
