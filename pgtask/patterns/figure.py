@@ -17,7 +17,7 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
     (columns); ``backlog``: bucket, backlog; ``start``/``end``: the window's ends (UTC)."""
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     fig, axes = plt.subplots(3, 2, figsize=(12, 11), layout="constrained")
     fig.suptitle(f"{title}: the last {since} (rows by state: the whole table)", fontsize=14)
@@ -98,6 +98,7 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
             ax.legend(loc="upper right", fontsize="small")
             ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: duration(v)))
+            ax.xaxis.set_minor_formatter(NullFormatter())  # a log axis labels its minor ticks too
         ax.set_title(f"{what}: {count(len(values))} tasks that ran (log scale)")
         ax.set_xlabel("")
         ax.set_ylabel("tasks")
