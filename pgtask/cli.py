@@ -81,6 +81,13 @@ def cmd_status(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
     return 1 if args.check and not ok else 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pgtask", description="The pg_task job scheduler as a service.")
     parser.add_argument("--version", action="version", version=f"pgtask {__version__}")
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--since", default="1 hour", help="the window of the per-group counts (an interval)")
             p.add_argument("--behind-after", type=float, default=60.0, metavar="SECONDS",
                            help="a due task with a free group slot waiting longer than this is NOT OK")
-            p.add_argument("--groups", type=int, default=20, metavar="N", help="show the N busiest groups")
+            p.add_argument("--groups", type=_positive, default=20, metavar="N", help="show the N busiest groups")
             p.add_argument("--check", action="store_true", help="exit 1 when a table is NOT OK")
     args = parser.parse_args(argv)
     try:

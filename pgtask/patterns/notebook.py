@@ -91,12 +91,11 @@ def _colon_params(text: str) -> str:
 
 def table_oid(conn: psycopg.Connection, schema: str, table: str) -> int:
     """The task table's oid; a clear error when it is missing."""
-    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s""", (schema, table)).fetchone()
-    if row is None:
+    oid = status.table_oid(conn, schema, table)
+    if oid is None:
         raise LookupError(f"no table {schema}.{table} in this database: start `pgtask run` for it "
                           "(or run `pgtask provision`) first")
-    return row[0]
+    return oid
 
 
 def serving(conn: psycopg.Connection, schema: str, table: str) -> bool:
