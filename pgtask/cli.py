@@ -9,25 +9,16 @@ import logging
 import sys
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 try:  # libuv's event loop: the service's per-task Python overhead is mostly event-loop work
     import uvloop
 except ImportError:  # not on this platform (Windows): the standard loop does the same, slower
     uvloop = None
 
-from . import __version__
+from . import __version__, status
 from . import config as cfgmod
 from .supervisor import Supervisor, base_conninfo, provision_entries, resolve, worker_from_env
-
-STATUS_SQL = """
-SELECT "group", count(*) FILTER (WHERE state = 'PLAN' AND plan <= now()) AS due,
-       count(*) FILTER (WHERE state = 'PLAN' AND plan > now()) AS planned,
-       count(*) FILTER (WHERE state = 'TAKE') AS take, count(*) FILTER (WHERE state = 'WORK') AS work,
-       count(*) FILTER (WHERE state = 'DONE') AS done, count(*) FILTER (WHERE state = 'FAIL') AS fail,
-       count(*) FILTER (WHERE state = 'GONE') AS gone, count(*) FILTER (WHERE state = 'STOP') AS stop,
-       max(now() - plan) FILTER (WHERE state = 'PLAN' AND plan <= now()) AS oldest_due
-FROM {table} GROUP BY ROLLUP ("group") ORDER BY "group" NULLS LAST
-"""
 
 
 def _setup_logging(level: str) -> None:
@@ -61,48 +52,40 @@ def cmd_provision(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
 
 def cmd_config(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
     async def go():
-        conninfo, _ = await asyncio.to_thread(base_conninfo, cfg)
-        return await resolve(cfg, conninfo)
+        conninfo, cluster = await asyncio.to_thread(base_conninfo, cfg)
+        return conninfo, cluster, await resolve(cfg, conninfo)
 
-    resolved = asyncio.run(go())
-    print(f"# config file: {cfg.path or '(none)'}")
-    print(f"# server: {cfg.dsn or ('libpq environment' if cfg.server_configured else 'embedded cluster')}")
-    for name, value in sorted(resolved.values.items()):
-        print(f"{name} = {json.dumps(value)}    # {resolved.sources[name]}")
-    for key in cfgmod.SERVICE_KEYS:
-        src = f"config file {cfg.path}" if key in cfg.service else "default"
-        print(f"pgtask.{key} = {json.dumps(cfg.svc(key))}    # {src}")
-    for i, e in enumerate(resolved.entries):
-        print(f"entry {i}: data={e.data} user={e.user} schema={e.schema} table={e.table} sleep={e.sleep} "
-              f"reset={e.reset!r} run={e.run} spi={e.spi}")
+    conninfo, cluster, resolved = asyncio.run(go())
+    for line in status.config_lines(cfg, conninfo, cluster, resolved.values, resolved.sources, resolved.entries):
+        print(line)
     return 0
 
 
 def cmd_status(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
-    from psycopg import sql
-    from psycopg.conninfo import make_conninfo
-
     async def go():
         conninfo, _ = await asyncio.to_thread(base_conninfo, cfg)
-        resolved = await resolve(cfg, conninfo)
-        for e in resolved.entries:
-            print(f"== {e.label()}")
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                        make_conninfo(conninfo, dbname=e.data, user=e.user)) as conn:
-                    cur = await conn.execute(sql.SQL(STATUS_SQL).format(table=sql.Identifier(e.schema, e.table)))
-                    rows = await cur.fetchall()
-                    names = [d.name for d in cur.description]
-            except psycopg.Error as exc:
-                print(f"   unavailable: {str(exc).strip()}")
-                continue
-            print("  " + " ".join(f"{n:>10}" for n in names))
-            for row in rows:
-                cells = ["(all)" if row[0] is None else row[0]] + list(row[1:])
-                print("  " + " ".join(f"{'' if c is None else c!s:>10}" for c in cells))
+        return conninfo, await resolve(cfg, conninfo)
 
-    asyncio.run(go())
-    return 0
+    conninfo, resolved = asyncio.run(go())
+    ok = True
+    for e in resolved.entries:
+        print(f"== {e.label()}")
+        try:
+            with psycopg.connect(make_conninfo(conninfo, dbname=e.data, user=e.user), autocommit=True) as conn:
+                lines = status.report(conn, e.schema, e.table, args.since, args.behind_after, args.groups)
+        except psycopg.Error as exc:
+            lines = [f"NOT OK: unavailable: {str(exc).strip()}"]
+        ok = ok and lines[0].startswith("OK")
+        for line in lines:
+            print(line)
+    return 1 if args.check and not ok else 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("run", "run the service (foreground)"),
                             ("provision", "create roles, databases, schemas and tables (idempotent)"),
-                            ("status", "summary of the queue"),
+                            ("status", "is a service looking after the queue; the queue by group"),
                             ("config", "print the effective configuration and where each value came from")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", "-c", help="TOML config file (default: $PGTASK_CONFIG)")
         if name == "provision":
             p.add_argument("--json", action="store_true", help="print {changed, actions} as JSON")
+        if name == "status":
+            p.add_argument("--since", default="1 hour", help="the window of the per-group counts (an interval)")
+            p.add_argument("--behind-after", type=float, default=60.0, metavar="SECONDS",
+                           help="a due task with a free group slot waiting longer than this is NOT OK")
+            p.add_argument("--groups", type=_positive, default=20, metavar="N", help="show the N busiest groups")
+            p.add_argument("--check", action="store_true", help="exit 1 when a table is NOT OK")
     args = parser.parse_args(argv)
     try:
         cfg = cfgmod.load(args.config)

@@ -103,23 +103,31 @@ def sections(pattern: str) -> tuple[Section, ...]:
         raise KeyError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     text = resources.files(__package__).joinpath(f"{pattern}.sql").read_text()
     parts = _HEADER.split(text)
-    out = []
+    raw = []
     for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3]):
         lines = [line for line in body.strip().splitlines()]
         while lines and lines[0].startswith("--"):  # the section's own comment
             lines.pop(0)
-        text = "\n".join(lines).strip()
-        # a part of the service's SQL, included as there ({@file.sql:name}, see pgtask.sql)
-        text = service_sql.INCLUDE.sub(functools.partial(_included, where=f"{pattern}.sql: {name}"), text)
+        raw.append((kind, name, "\n".join(lines).strip()))
+    queries = {name: text for kind, name, text in raw if kind == "query"}
+    out = []
+    for kind, name, text in raw:
+        # a part of the service's SQL ({@file.sql:name}, see pgtask.sql), or a query of this file ({@name})
+        text = service_sql.INCLUDE.sub(functools.partial(_included, where=f"{pattern}.sql: {name}",
+                                                         own=queries), text)
         out.append(Section(kind, name, text))
     return tuple(out)
 
 
-def _included(m: re.Match, where: str) -> str:
+def _included(m: re.Match, where: str, own: dict[str, str]) -> str:
     other, included = m.groups()
-    if other is None:
-        raise ValueError(f"{where} includes {included}: name the service's file ({{@file.sql:name}})")
-    return service_sql.include(other, included, where)
+    if other is not None:
+        return service_sql.include(other, included, where)
+    if included not in own:
+        raise ValueError(f"{where} includes {included}, which is not a query of its file")
+    # one level: a query included here includes only the service's SQL
+    return service_sql.INCLUDE.sub(functools.partial(_included, where=f"{where} via {included}", own={}),
+                                   own[included])
 
 
 def options(pattern: str, table: str, given: dict | None = None) -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,6 +15,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
+from .. import config, status
+from ..cluster import Cluster
 from ..provision import Report
 from . import query
 
@@ -27,6 +30,29 @@ class _TimestamptzLoader(TimestamptzLoader):
         if bytes(data) == b"-infinity":
             return datetime.min.replace(tzinfo=UTC)
         return super().load(data)
+
+
+def server(dsn: str = "") -> tuple[str, str]:
+    """The connection string to use and where it leads. ``dsn`` when given; else the server
+    `pgtask run` would use: the config file's dsn (``PGTASK_CONFIG``), libpq's environment
+    (``PGHOST``, …), or the embedded cluster ``./run`` started (``[pgtask] embedded_dir``, or a
+    ``.pgtask`` directory here or in a directory above: JupyterLab runs a notebook in its own
+    directory, ``notebooks/``)."""
+    if dsn:
+        return dsn, status.server(dsn)
+    cfg = config.load(None)
+    if cfg.server_configured:
+        return cfg.dsn, f"{status.server(cfg.dsn)} (from {'the config file' if cfg.dsn else 'the environment'})"
+    here = Path.cwd()
+    bases = [Path(cfg.svc("embedded_dir"))] if cfg.svc("embedded_dir") else \
+        [d / ".pgtask" for d in (here, *here.parents)]
+    for base in bases:
+        if (base / "run").is_dir():  # the embedded cluster's socket directory
+            # only its connection string is needed here, not its binaries
+            conninfo = Cluster(base.absolute(), Path(), cfg.svc("embedded_port")).conninfo()
+            return conninfo, f"{status.server(conninfo)} (the embedded cluster in {base.absolute()})"
+    return "", (f"{status.server('')} (libpq's defaults: no dsn, no PGHOST, no embedded cluster found "
+                "-- set dsn)")
 
 
 def connect(dsn: str) -> psycopg.Connection:
@@ -65,12 +91,11 @@ def _colon_params(text: str) -> str:
 
 def table_oid(conn: psycopg.Connection, schema: str, table: str) -> int:
     """The task table's oid; a clear error when it is missing."""
-    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s""", (schema, table)).fetchone()
-    if row is None:
+    oid = status.table_oid(conn, schema, table)
+    if oid is None:
         raise LookupError(f"no table {schema}.{table} in this database: start `pgtask run` for it "
                           "(or run `pgtask provision`) first")
-    return row[0]
+    return oid
 
 
 def serving(conn: psycopg.Connection, schema: str, table: str) -> bool:
@@ -153,6 +178,43 @@ def show(report: Report) -> None:
         print(action)
 
 
+class Table:
+    """A DataFrame shown for people: every cell written by a formatter of pgtask.status (counts with
+    thousands separators, durations rounded, timestamps to the second, "never", "no timeout"), text
+    columns left-aligned and numbers right-aligned, as HTML in JupyterLab and as text elsewhere."""
+
+    def __init__(self, df, formats: dict[str, Callable[[Any], str]] | None = None):
+        formats = formats or {}
+        self.columns = [str(c) for c in df.columns]
+        self.numeric = [c in formats and formats[c] not in (str, status.timestamp) or
+                        (c not in formats and df[c].dtype.kind in "iuf") for c in df.columns]
+        fmt = {c: formats.get(c) or (status.count if df[c].dtype.kind in "iu" else _cell) for c in df.columns}
+        self.rows = [[fmt[c](v) for c, v in zip(df.columns, row)] for row in df.itertuples(index=False)]
+
+    def __repr__(self) -> str:
+        return "\n".join(status.table(self.columns, self.rows, self.numeric)) if self.rows else "(none)"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        def row(cells, tag):
+            return "<tr>" + "".join(f'<{tag} style="text-align: {"right" if n else "left"}">{escape(c)}</{tag}>'
+                                    for c, n in zip(cells, self.numeric)) + "</tr>"
+
+        body = "".join(row(r, "td") for r in self.rows) or f'<tr><td colspan="{len(self.columns)}">(none)</td></tr>'
+        return f"<table><thead>{row(self.columns, 'th')}</thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value) -> str:
+    if status.missing(value):
+        return ""
+    if isinstance(value, datetime):
+        return status.timestamp(value)
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    return str(value)
+
+
 def source(conn: psycopg.Connection, schema: str, table: str, include_archive: bool = True) -> str:
     """The task table, or the task table UNION ALL its archive (the archive pattern), as SQL text:
     the common columns of both, for the inspection queries over finished tasks."""
@@ -163,7 +225,7 @@ def source(conn: psycopg.Connection, schema: str, table: str, include_archive: b
     if not include_archive or row is None:
         return t
     cols = ", ".join(sql.Identifier(c).as_string(conn) for c in
-                     ("id", "group", "state", "plan", "start", "stop", "error"))
+                     ("id", "group", "state", "plan", "start", "stop", "error", "input"))
     a = sql.Identifier(schema, archive).as_string(conn)
     return f"(SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM {a}) AS finished"
 

@@ -4,9 +4,11 @@ step reports nothing to change, and the catalog (columns, constraints, indexes, 
 relations, pattern tasks) is identical afterwards."""
 
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from support import wait_for
 
 from .catalog import snapshot
 
@@ -155,9 +157,16 @@ def test_install_only_without_a_service(db, run_notebook, name):
     assert "OK: installed" in outputs(nb)
 
 
+def stderr(nb) -> str:
+    """What a notebook's cells wrote to stderr (warnings among it)."""
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                     if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
 def test_queue_inspection(db, service, run_notebook, tmp_path):
-    """Read only: a seeded queue (done, failed, running long, planned) shows up in every table, and
-    the figure is drawn into the executed notebook and saved as a PNG."""
+    """Read only: a seeded queue (done, failed, running long, planned) shows up in every table, the
+    summary says the service is looking after it, and the figure is drawn into the executed notebook
+    and saved as a PNG without a warning printed."""
     ids = [db.insert("SELECT pg_sleep(0.05)", group="reports") for _ in range(5)]
     ids += [db.insert("SELECT 1/0", group="imports"), db.insert("SELECT * FROM missing_table", group="imports")]
     slow = db.insert("SELECT pg_sleep(30)", group="slow")
@@ -170,14 +179,46 @@ def test_queue_inspection(db, service, run_notebook, tmp_path):
     nb = run_notebook("queue_inspection", since="1 hour", bucket="1 minute", stuck_after="0.1 seconds",
                       figure_path=str(png))
     text = outputs(nb)
-    assert "OK: 9 tasks; 0 due; 2 failures in the last 1 hour; 1 stuck, 0 of them orphaned" in text, text
+    assert "OK: a service is connected and claiming; 0 due; 1 running" in text, text
+    assert "9 rows in the table; 8 tasks ran in the last 1 hour" in text, text
+    assert "2 did not succeed; 1 stuck, 0 of them orphaned" in text, text
     assert "division by zero" in text and "relation \"missing_table\" does not exist" in text
+    assert "SELECT 1/0" in text  # a sample input beside its error
     assert png.stat().st_size > 10_000
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) == 1
+    assert stderr(nb) == ""  # no library warning printed
     assert snapshot(db.conn, "public", "task") == before  # read only
     db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (slow,))
+
+
+def test_queue_inspection_with_the_service_killed(db, service, run_notebook):
+    """The service SIGKILLed with tasks due: the notebook leads with NOT OK and says why (no service,
+    the late backlog, an orphaned row); a GONE row -- its start is when it expired -- counts neither
+    as a task that ran nor in the pickup latency; tasks that did not succeed include it and a STOP."""
+    ran = [db.insert("SELECT 1", group="reports") for _ in range(3)]
+    for i in ran:
+        db.wait_state(i)
+    gone = db.insert("SELECT 1", group="expired", plan=datetime.now(UTC) - timedelta(hours=2), active="1 hour")
+    db.wait_state(gone, ("GONE",))
+    service.kill()
+    wait_for(lambda: not db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_work %'"),
+             30, message="the killed service's sessions to end")
+    late = datetime.now(UTC) - timedelta(seconds=73)
+    for _ in range(4):
+        db.insert("SELECT 1", group="reports", plan=late)
+    db.insert("SELECT 1", group="orphans", state="TAKE")  # claimed by the service that died
+    db.insert("SELECT 1", group="cancelled", state="STOP")
+    nb = run_notebook("queue_inspection", since="1 hour", behind_after=60)
+    text = outputs(nb)
+    assert re.search(r"NOT OK: no `pgtask run` is connected for public.task; 1 orphaned row \(their service "
+                     r"died\); 4 due tasks not picked up, the oldest for 7\d s \(over 60 s\); 4 due, the oldest 7\d s",
+                     text), text
+    assert text.index("NOT OK") < text.index("(all groups)")  # it leads
+    assert "3 tasks ran (started) in the last 1 hour" in text and "3 tasks ran in the last 1 hour" in text, text
+    assert "2.0 h" not in text  # the GONE row's start - plan is no pickup latency
+    assert "task not active" in text and "stopped" in text
 
 
 def test_maintenance(db, run_notebook):
@@ -265,6 +306,32 @@ def test_maintenance_children_before_parents(db, run_notebook):
     assert left == set(kept.values()), {k: v for k, v in {**kept, **gone}.items() if (v in left) != (k in kept)}
     assert {r[0] for r in db.execute("SELECT id FROM task_archive")} == set(gone.values())
     assert db.value("SELECT count(*) FROM task") == len(kept)
+
+
+def test_maintenance_vacuum_reports_what_it_left(db, run_notebook):
+    """After the purge, VACUUM's figures are shown as they are afterwards: with a transaction that
+    began before the purge still open, the deleted rows stay as dead rows, the notebook names that
+    session as the oldest xmin holder and the summary is NOT OK; once it ends, a second run leaves
+    no dead row and says OK."""
+    db.execute("""INSERT INTO task (input, state, stop) SELECT 'SELECT 1', 'DONE', now() - interval '8 days'
+                  FROM generate_series(1, 2000)""")
+    holder = db.connect()
+    holder.autocommit = False
+    holder.execute("SET application_name = 'long report'")
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT count(*) FROM task")  # its snapshot sees the rows the purge deletes
+    pid = holder.info.backend_pid
+    try:
+        text = outputs(run_notebook("maintenance", dry_run=False, reset_orphans=False))
+        assert "deleted 2,000 rows in 2 batches" in text, text
+        assert re.search(rf"NOT OK: VACUUM left 2,000 dead rows beside 0 live ones; the oldest xmin holder: "
+                         rf"session {pid} long report \(user postgres, database {db.name}, idle in transaction", text), text
+        assert "before:" in text and "after:" in text
+    finally:
+        holder.rollback()
+        holder.close()
+    text = outputs(run_notebook("maintenance", dry_run=False, reset_orphans=False))
+    assert "VACUUM left" not in text and "OK: maintenance done" in text, text
 
 
 @pytest.mark.parametrize("params, message", [({"purge_states": ["DONE", "WORK"]}, "purge_states"),

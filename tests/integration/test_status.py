@@ -1,0 +1,59 @@
+"""`pgtask status` and `pgtask config` as an operator reads them: whether a service looks after the
+table comes first, the columns line up whatever the group names, and `config` names the server and
+what an empty value means."""
+
+import os
+import subprocess
+import sys
+
+from support import wait_for
+
+LONG = "nightly-ledger-reconciliation-eu-west-1"  # 39 characters
+
+
+def cli(cluster, db, *args):
+    env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
+    result = subprocess.run([sys.executable, "-m", "pgtask.cli", *args], env=env, capture_output=True, text=True,
+                            check=False, timeout=60)
+    return result
+
+
+def test_status_leads_with_liveness_and_aligns_its_columns(db, cluster, service):
+    assert len(LONG) == 39
+    ids = [db.insert("SELECT 1", group=LONG) for _ in range(3)] + [db.insert("SELECT 1/0", group="a")]
+    for i in ids:
+        db.wait_state(i)
+    result = cli(cluster, db, "status", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("OK: a service is connected and claiming; 0 due; 0 running"), result.stdout
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("group "))
+    table = lines[header:header + 4]
+    assert [line.split()[0] for line in table] == ["group", LONG, "a", "(all"], result.stdout
+    # every cell ends (numbers) or starts (the group) in the same column on every line
+    for name in ("due", "done", "fail %", "stop (all)"):
+        end = table[0].index(name) + len(name)
+        cells = [line[:end].rstrip() for line in table]
+        assert all(len(c) == end for c in cells), (name, result.stdout)
+    assert table[1].startswith(f"  {LONG}  ") and table[2].startswith("  a" + " " * (len(LONG) + 1))
+    assert "done (all)" in table[0] and "pickup p50" in table[0]
+
+    service.kill()
+    wait_for(lambda: not db.value("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pg_work %'"),
+             30, message="the killed service's sessions to end")
+    db.execute("INSERT INTO task (input, plan) VALUES ('SELECT 1', now() - interval '73 seconds')")
+    db.execute("INSERT INTO task (input, \"group\", state) VALUES ('SELECT pg_sleep(1)', 'x', 'WORK')")
+    result = cli(cluster, db, "status", "--check")
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("NOT OK: no `pgtask run` is connected for public.task; 1 orphaned row"), result.stdout
+    assert "1 due task not picked up, the oldest for 7" in lines[1]
+    assert "longest running: task" in result.stdout and "SELECT pg_sleep(1)" in result.stdout
+
+
+def test_config_names_the_server_and_what_empty_means(db, cluster):
+    result = cli(cluster, db, "config")
+    assert result.returncode == 0, result.stderr
+    server = next(line for line in result.stdout.splitlines() if line.startswith("# server:"))
+    assert f"host={cluster.socket_dir}" in server and f"dbname={db.name}" in server and "environment" in server
+    assert 'pgtask.retention = ""    # default; finished tasks are kept for ever' in result.stdout
