@@ -44,18 +44,14 @@ GROUP BY 1 ORDER BY 2 DESC, 3 DESC
 
 -- query stuck --
 -- Rows holding their group's slot -- TAKE/WORK, and STOP rows whose task has not ended yet (a pid,
--- no stop) -- that are orphaned (no service holds their liveness lock: the service that claimed
--- them died; pgtask resets these itself within pgtask.reset_check seconds while it runs: TAKE/WORK
--- back to PLAN, STOP ended) or running longer than stuck_after.
+-- no stop) -- that are orphaned (not alive as the service's orphan check sees it: the service that
+-- claimed them died; pgtask resets these itself within pgtask.reset_check seconds while it runs:
+-- TAKE/WORK back to PLAN, STOP ended) or running longer than stuck_after.
 SELECT t."id", t."group", t."state"::text AS "state", t."start", t."pid", t."timeout",
        extract(epoch FROM statement_timestamp() - coalesce(t."start", t."plan")) AS "seconds",
        o."orphaned", left(t."input", 80) AS "input"
 FROM {table} t
-CROSS JOIN LATERAL (SELECT NOT EXISTS (
-    SELECT FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid) AS "orphaned") o
+CROSS JOIN LATERAL (SELECT NOT {@queries.sql:alive} AS "orphaned") o
 WHERE ({@table.sql:slot_held})
   AND (statement_timestamp() - coalesce(t."start", t."plan") > %(stuck_after)s::interval OR o."orphaned")
 ORDER BY t."id"
