@@ -163,7 +163,36 @@ class TableProvisioner:
         await self.triggers(oid)
         await self.extras(oid)
         await self.register_service()
+        await self.liveness()
         return oid
+
+    async def liveness(self) -> None:
+        """The claim lock's table and the instance table (sql/liveness.sql): created when missing,
+        owned like the task table, no privilege for PUBLIC, and their privileges for the role the
+        entry's service runs as when another role owns them."""
+        c = self.conn
+        ids = {kind: sql.Identifier(self.schema, liveness_table(self.table, kind)) for kind in LIVENESS_TABLES}
+
+        def q(name: str, **extra) -> sql.Composed:
+            return sql.SQL(named.query("liveness.sql", name)).format(**ids, **extra)
+
+        created = False
+        for kind in LIVENESS_TABLES:
+            rel = liveness_table(self.table, kind)
+            if await self._relation(rel) is None:
+                await c.execute(q(f"create_{kind}"))
+                await c.execute(q(f"comment_{kind}"))
+                if self.owner:
+                    await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(ids[kind], sql.Identifier(self.owner)))
+                self.report.add(f"created table {self.schema}.{rel}")
+                created = True
+        if created:
+            await c.execute(q("revoke"))
+        for role in {r for r in (self.owner, self.service) if r}:
+            literals = {kind: ids[kind].as_string(c) for kind in LIVENESS_TABLES}
+            if not (await _one(c, named.query("liveness.sql", "granted"), {"role": role, **literals}))[0]:
+                await c.execute(q("grant", role=sql.Identifier(role)))
+                self.report.add(f"granted the claim lock and instance tables of {self.name} to {role}")
 
     async def register_service(self) -> None:
         """The role the entry's service runs as may write the tasks' progress (see "update" in
@@ -530,6 +559,13 @@ def author_role(table: str) -> str:
     to a role, it holds every privilege that role needs to schedule work (docs/security.md).
     Roles are the cluster's: one per table name, for the tables of that name in every database."""
     return function_name(table, "user")
+# the tables of the claim lock and of the running instances (sql/liveness.sql): <table>_<kind>
+LIVENESS_TABLES = ("claim", "instance")
+
+
+def liveness_table(table: str, kind: str) -> str:
+    """The name of a table's claim lock table (``kind`` claim) or instance table (instance)."""
+    return _ident_name(f"{table}_{kind}")
 
 
 def function_name(table: str, kind: str) -> str:

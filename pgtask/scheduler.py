@@ -1,8 +1,9 @@
 """One scheduler per entry (the manual's pg_work): provision, listen, claim, run, finish, reset.
 
 Connections (all as the entry's role, in the entry's database):
-  control  -- claims; holds the liveness lock of every task this scheduler has in flight
-  listener -- LISTEN on the table's channel: wake-ups and STOP requests (hints only)
+  control  -- claims; registered in the instance table: the tasks this scheduler claimed are alive
+              while it is connected (see "alive" in queries.sql)
+  listener -- LISTEN on the table's channel: wake-ups and STOP requests (hints only: listener.py)
   writers  -- a small pool for fenced TAKE->WORK and finish transactions
   sessions -- executor sessions of task authors (executor.SessionPool)
 """
@@ -15,6 +16,7 @@ import functools
 import logging
 import random
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +32,10 @@ from . import provision, remote, wire
 from . import sql as named
 from .config import Entry
 from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
+from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
+from .supervise import supervised
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -49,15 +53,13 @@ TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max"
 PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET jit = off"
 REFUSED = "refused"  # a finish the database refused, its failure too (see Scheduler._finish_one)
 
-# The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order).
-CLAIM_LOCK_PARAMS = ("claim", "oid", "ids")
-PASS_STATEMENTS = (("expire", ()), ("claim_lock", CLAIM_LOCK_PARAMS),
-                   ("claim", ("oid", "limit", "offer_pid", "offer_id")),
-                   ("next", ()))
+# The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order);
+# its claim lock (a LOCK TABLE) is sent as text.
+PASS_STATEMENTS = (("expire", ()), ("claim", ("token", "limit", "offer_pid", "offer_id")), ("next", ()))
 # the statistics looked at before claiming starts (see Scheduler._check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
 # claim_next's, for a session reusing its executor (count/live): see next_of_group
-CLAIM_NEXT_PARAMS = ("oid", "group", "remote", "user", "max", "done", "born")
+CLAIM_NEXT_PARAMS = ("token", "group", "remote", "user", "max", "done", "born")
 
 
 # The flushes' parameters, in the order of their prepared statements' $n: "flush", and
@@ -90,8 +92,10 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     columns a repeat copies (see "columns")."""
     ident = sql.Identifier(schema, table)
     cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
+    beside = {f"rel_{kind}": sql.Identifier(schema, provision.liveness_table(table, kind))
+              for kind in provision.LIVENESS_TABLES}
     return sql.SQL(named.query("queries.sql", name)).format(
-        table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"),
+        table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"), **beside,
         copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
     ).as_string(None)
 
@@ -107,19 +111,6 @@ def numbered(text: str, params: tuple[str, ...]) -> str:
 def _int_array(values) -> str:
     """An array literal of integers, for a statement's text (the claim pass's EXECUTEs)."""
     return "'{" + ",".join(str(int(v)) for v in values) + "}'"
-
-
-def _relock(oid: int, ids) -> str:
-    """The liveness locks of the tasks ``ids`` (the running ones), taken again on the control
-    session: after a reconnect, or after a failed claim left others (see claim_pass)."""
-    return (f"SELECT pg_advisory_lock(({int(oid)}::bigint << 32) | (id & 4294967295)) "
-            f"FROM unnest({_int_array(ids)}::bigint[]) id")
-
-
-def _claim_lock(claim: bool, oid: int, unlock) -> str:
-    """The EXECUTE of the prepared claim_lock: the table's claim lock when ``claim``, and the liveness
-    locks of the tasks ``unlock`` dropped (a claim pass, and the count/live reuse's claim)."""
-    return f"EXECUTE pgtask_claim_lock({str(claim).lower()}, {int(oid)}, {_int_array(unlock)})"
 
 
 def _finish_arrays(finishes: list) -> dict[str, list]:
@@ -199,7 +190,10 @@ class Scheduler:
         self.stopping = False
         self.draining = False
         self.inflight: dict[int, tuple[Task, Session | None]] = {}
-        self.to_unlock: list[int] = []
+        # this scheduler's token: the beginning of the lease of every row it claims (see "lease")
+        self.token = str(uuid.uuid4())[:18]
+        self.stop_hints = StopHints(lambda task_id: task_id in self.inflight, self.stop_requested, self.cancel,
+                                    entry.label())
         self.drain_cancelled: set[int] = set()
         self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
         self.tasks: set[asyncio.Task] = set()
@@ -269,11 +263,8 @@ class Scheduler:
                 # Its statements are planned with PLANNER_SETTINGS. Nothing this connection writes
                 # needs to wait for the WAL flush (claims, resets: see claim_pass).
                 await conn.execute(f"{PLANNER_SETTINGS}; SET synchronous_commit = off")
-                # Tasks still running here keep their liveness locks across a reconnect. A task that
-                # finishes while this runs is in to_unlock too, and the next claim pass unlocks it (an
-                # id unlocked that the new session does not hold only gives a warning).
-                if self.inflight:
-                    await conn.execute(_relock(self.oid, self.inflight))
+                if self.oid:  # a reconnect: the tasks running here are alive on this backend now
+                    await self.register(conn)
                 self.control = conn
                 return
             except psycopg.OperationalError as exc:
@@ -295,12 +286,17 @@ class Scheduler:
             self.control.row_factory = dict_row
         for action in report.actions:
             log.info("%s: %s", self.entry.label(), action)
+        await self.register(self.control)
         await self.refresh_columns(self.control)
         self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
                                            kwargs={"autocommit": True, "prepare_threshold": None},
                                            timeout=10, configure=self._writer)
         await self.writers.open(wait=True, timeout=30)
         await self.reset_orphans()
+
+    async def register(self, conn: psycopg.AsyncConnection) -> None:
+        """This scheduler's control backend ``conn``, in the instance table (see "register")."""
+        await conn.execute(self.q("register"), {"token": self.token})
 
     @staticmethod
     async def _writer(conn: psycopg.AsyncConnection) -> None:
@@ -423,7 +419,7 @@ class Scheduler:
                 await self._prepared(self.control, name, params, self.pass_plans)
             if self.pass_loader is None or self.pass_loader.connection is not self.control:
                 self.pass_loader = Transformer(self.control)
-            pgconn, oid = self.control.pgconn, int(self.oid)
+            pgconn = self.control.pgconn
             batch = self._take_for_pass()
             # the tasks whose finishes it writes first have ended when its claim runs
             room = self.options.run - len(self.inflight) + len(batch)
@@ -433,13 +429,11 @@ class Scheduler:
                 if time.monotonic() - self.last_expiry >= self.options.sleep:
                     self.last_expiry = time.monotonic()
                     text.append(b"EXECUTE pgtask_expire")
-                ids, self.to_unlock = self.to_unlock, []
                 claim = room > 0 and self.options.limit > 0
-                if claim or ids:
-                    text.append(_claim_lock(claim, oid, ids).encode())
                 if claim:
                     offers = self._offers(batch)
-                    text.append(f"EXECUTE pgtask_claim({oid}, {int(min(room, self.options.limit))}, "
+                    text.append(self.q("claim_lock").encode())
+                    text.append(f"EXECUTE pgtask_claim('{self.token}', {int(min(room, self.options.limit))}, "
                                 f"{_int_array(offers)}, {_int_array(t.id for t, _ in offers.values())})".encode())
                 text.append(b"EXECUTE pgtask_next; COMMIT")
                 await wire.send(pgconn, b"; ".join(text))
@@ -451,12 +445,6 @@ class Scheduler:
             if error is not None:  # the rest of the string did not run: end the failed transaction
                 self._unoffer(offers)
                 await wire.simple(pgconn, "ROLLBACK")
-                self.to_unlock[:0] = ids  # again next time (an unlock of an id not held only warns)
-                if claim:
-                    # The liveness locks of the rows a failed claim had returned so far stay with the
-                    # session (session locks outlive the rollback): keep only the running tasks'.
-                    await wire.simple(pgconn, f"SELECT pg_advisory_unlock_all(); {_relock(oid, self.inflight)}")
-                    self.to_unlock = []
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
                     log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),
                              errors.error_from_result(error, encoding=self.control.info.encoding))
@@ -472,7 +460,7 @@ class Scheduler:
                 _resolve(batch, _matched([results.pop(0)]))
             loader = self.pass_loader
             if claim:
-                res = results[-2]  # claim_lock's row came first; next's last
+                res = results[-2]  # the claim's rows; next's last
                 loader.set_pgresult(res)
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
@@ -1025,8 +1013,8 @@ class Scheduler:
             except psycopg.Error as exc:
                 # Something in the database (a user's trigger on the table, most likely) refused the
                 # finish. Record why, without repeat/delete/pause. If even that is refused, the task
-                # stays WORK with its liveness lock held (released, it would be reset and run again,
-                # over and over) and _write_refused writes the failure again, later each time.
+                # stays WORK, alive with this instance (never reset and run again) and
+                # _write_refused writes the failure again, later each time.
                 refused += 1
                 log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
                 if refused > 1:
@@ -1075,11 +1063,10 @@ class Scheduler:
             return
 
     def _release(self, task: Task, wake: bool = True) -> None:
-        """The task ended here: its liveness lock is dropped by the next claim pass, which ``wake``
-        runs now (its group has room again)."""
+        """The task ended here: the next claim pass, which ``wake`` runs now, has room for another
+        of its group."""
         self.inflight.pop(task.id, None)
         self.cohort.discard(task.id)
-        self.to_unlock.append(task.id)
         if wake:
             self.wake.set()
 
@@ -1092,14 +1079,13 @@ class Scheduler:
         try:
             async with self.control.transaction():
                 # the claim lock (as a claim pass takes it) and the claim, in one round trip
-                await self._prepared(self.control, "claim_lock", CLAIM_LOCK_PARAMS, self.pass_plans)
                 await self._prepared(self.control, "claim_next", CLAIM_NEXT_PARAMS, self.pass_plans)
-                values = {"oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
+                values = {"token": self.token, "group": task.group, "remote": task.remote, "user": task.user,
                           "max": spawner_max, "done": done, "born": born}
                 cur = await self.control.execute(sql.Composed([
-                    sql.SQL(_claim_lock(True, self.oid, ()) + "; EXECUTE pgtask_claim_next("),
+                    sql.SQL(self.q("claim_lock") + "; EXECUTE pgtask_claim_next("),
                     sql.SQL(", ").join(sql.Literal(values[name]) for name in CLAIM_NEXT_PARAMS), sql.SQL(")")]))
-                cur.nextset()  # claim_lock's row first
+                cur.nextset()  # the lock's result first
                 row = await cur.fetchone()
         except (psycopg.OperationalError, AttributeError):
             return None
@@ -1120,28 +1106,31 @@ class Scheduler:
                 log.warning("%s: reset id = %s (its executor is gone)", self.entry.label(), row["id"])
 
     async def listen(self) -> None:
-        channel = provision.channel(self.oid)
-        backoff = Backoff()
-        while not self.stopping:
-            try:
-                async with await psycopg.AsyncConnection.connect(make_conninfo(
-                        self.conninfo, application_name=f"pgtask listen {self.entry.schema} {self.entry.table}"),
-                        autocommit=True) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    backoff.reset()
-                    self.wake.set()  # a (re)connected listener triggers an immediate claim pass
-                    async for note in conn.notifies():
-                        if note.payload.startswith("stop "):
-                            await self.cancel(int(note.payload[5:]))
-                        elif note.payload == "schedule" and self.maintenance is not None:
-                            self.maintenance.poke()
-                        self.wake.set()
-            except psycopg.OperationalError as exc:
-                delay = backoff.next()
-                log.warning("%s: listener lost (%s); reconnecting in %.1fs", self.entry.label(), exc, delay)
-                await asyncio.sleep(delay)
+        """The listener (listener.py), started again whenever it fails (supervise.py)."""
+        listener = Listener(
+            make_conninfo(self.conninfo, application_name=f"pgtask listen {self.entry.schema} {self.entry.table}"),
+            provision.channel(self.oid), self.entry.label(), Backoff(), lambda: self.stopping,
+            on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint)
+        await supervised(f"{self.entry.label()}: the listener", listener.run, lambda: self.stopping,
+                         Backoff(first=0.5, cap=30.0), log)
+
+    def _schedule_hint(self) -> None:
+        if self.maintenance is not None:
+            self.maintenance.poke()
+        self.wake.set()
+
+    async def stop_requested(self, ids: list[int]) -> list[int]:
+        """Of the tasks ``ids`` (running here when their stop hint came), those whose row is STOP
+        under the claim this service runs (see "stop_requested")."""
+        tasks = [entry[0] for i in ids if (entry := self.inflight.get(i)) is not None]
+        if not tasks:
+            return []
+        row = await self._write("stop_requested", {"id": [t.id for t in tasks], "attempt": [t.attempt for t in tasks],
+                                                   "lease": [t.lease for t in tasks]})
+        return list(row[0])
 
     async def cancel(self, task_id: int) -> None:
+        """Cancel the task's run: its row is STOP (see stop_requested), or the grace period is over."""
         entry = self.inflight.get(task_id)
         if entry and entry[1] is not None:
             try:
@@ -1165,8 +1154,13 @@ class Scheduler:
         self.stopping = True
         self.wake.set()
 
-    async def _close_control(self) -> None:
+    async def _close_control(self, unregister: bool = False) -> None:
+        """``unregister``: the service stops; the rows it claimed are no longer alive (any left are
+        reset by the next orphan check)."""
         if self.control is not None:
+            if unregister:
+                with contextlib.suppress(Exception):  # a broken connection
+                    await self.control.execute(self.q("unregister"), {"token": self.token})
             with contextlib.suppress(Exception):  # closing a broken connection
                 await self.control.close()
             self.control = None
@@ -1186,7 +1180,8 @@ class Scheduler:
         for t in list(self.flushers):
             t.cancel()
         await asyncio.gather(*self.flushers, return_exceptions=True)
+        await self.stop_hints.close()
         await self.sessions.close()
         if self.writers is not None:
             await self.writers.close()
-        await self._close_control()
+        await self._close_control(unregister=True)

@@ -72,6 +72,19 @@ def provision_again(db, schema: str = "public", table: str = "task"):
     return asyncio.run(go())
 
 
+def killed_mid_task(db, service_factory) -> int:
+    """A service SIGKILLed while its task runs, whose first run hangs (and dies with its service,
+    uncommitted) and whose later runs record its id in table ran at once. Returns the task's id."""
+    db.execute("CREATE TABLE ran (id bigint)")
+    svc = service_factory(db.name)
+    task_id = db.insert("SELECT pg_sleep(CASE WHEN (SELECT attempt FROM task WHERE id = "
+                        "current_setting('pg_task.id')::bigint) = 1 THEN 60 ELSE 0 END); "
+                        "INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint)")
+    db.wait_state(task_id, states=("WORK",))
+    svc.kill()
+    return task_id
+
+
 def spi_on(db) -> None:
     """pg_task.spi = on for the test database (ALTER DATABASE): sessions opened from now on run SPI mode."""
     db.execute(f'ALTER DATABASE "{db.name}" SET pg_task.spi = on')

@@ -4,19 +4,9 @@
 
 -- query orphaned --
 -- (Included by liveness and stuck: whether a service looks after a row is decided here only.)
--- A row t holding its group's slot is orphaned when no service holds its liveness lock -- the
--- advisory lock (classid = the table's oid, objid = the task id) its service takes at the claim --
--- and it is not a local WORK/STOP row whose session (its pid) is still connected: that service is
--- alive and only lost the connection its locks were on. The same predicate as the service's own
--- orphan reset (pgtask/sql/queries.sql, reset).
-NOT EXISTS (
-    SELECT FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
-AND NOT (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
-    SELECT FROM pg_stat_activity a
-    WHERE a.pid = t."pid" AND a.datname = current_database() AND a.backend_type = 'client backend'))
+-- A row t holding its group's slot is orphaned when it is not alive as the service's own orphan
+-- reset sees it (pgtask/sql/queries.sql, alive).
+NOT {@queries.sql:alive}
 
 -- query liveness --
 -- Is a service looking after this table? One row: the `pgtask run` schedulers connected to it
@@ -171,9 +161,9 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC
 
 -- query stuck --
 -- Rows holding their group's slot -- TAKE/WORK, and STOP rows whose task has not ended yet (a pid,
--- no stop) -- that are orphaned (see orphaned: the service that claimed them died; pgtask resets
--- these itself within pgtask.reset_check seconds while it runs: TAKE/WORK back to PLAN, STOP
--- ended) or running longer than stuck_after.
+-- no stop) -- that are orphaned (not alive as the service's orphan check sees it: the service that
+-- claimed them died; pgtask resets these itself within pgtask.reset_check seconds while it runs:
+-- TAKE/WORK back to PLAN, STOP ended) or running longer than stuck_after.
 SELECT t."id", t."group", t."state"::text AS "state", t."start", t."pid", t."timeout",
        extract(epoch FROM statement_timestamp() - coalesce(t."start", t."plan")) AS "seconds",
        o."orphaned", left(t."input", 80) AS "input"

@@ -9,11 +9,11 @@
 -- merge-joined a batch with the whole table read in id order.
 
 -- claim_lock --
--- Drops the liveness locks of tasks finished since the last pass; when %(claim)s, takes the table's
--- claim lock: claims of all service instances on one table take turns, so group counts stay exact.
-SELECT CASE WHEN %(claim)s THEN pg_advisory_xact_lock(%(oid)s::bigint) END,
-       (SELECT count(*) FILTER (WHERE pg_advisory_unlock((%(oid)s::bigint << 32) | (id & 4294967295)))
-        FROM unnest(%(ids)s::bigint[]) AS id)
+-- Claims of all service instances on one table take turns (group counts stay exact): on the lock of
+-- a table only the service may lock (see liveness.sql). The mode conflicts with itself, and with
+-- nothing a role without privileges on that table can hold -- a statement another role PREPAREs
+-- keeps at most ROW EXCLUSIVE. No transaction id, no WAL: an idle pass stays as cheap as it was.
+LOCK TABLE {rel_claim} IN SHARE UPDATE EXCLUSIVE MODE
 
 -- expire --
 -- Due rows past plan + active become GONE (repeating and pausing rows never expire). Run at most
@@ -46,8 +46,8 @@ FROM e WHERE t."id" = e."id"
 -- A group whose queue head is mostly far-future rows is read through the plan index instead (the
 -- planner's choice; the control session turns bitmap scans off so that the ordered walk is chosen
 -- when the head is due). The empty remote and no remote share one walk; each keeps its own count.
--- The claiming session takes each task's liveness lock in the same statement: while the service
--- that claimed a row is alive, nobody resets it.
+-- The lease begins with the claiming instance's token (%(token)s, registered in the instance table):
+-- while that instance's control backend is connected, nobody resets the row (see "alive").
 WITH RECURSIVE keys AS (
     -- each probe's first entry is its group's highest max (the index order): the group's capacity
     (SELECT t."group" AS g, coalesce(t."remote", '') AS r, greatest(t."max", 0) AS gmax FROM {table} t
@@ -104,10 +104,10 @@ WITH RECURSIVE keys AS (
     JOIN offered o ON o."user" = c."user" AND o."group" = c."group" AND o.n = c.n
 )
 UPDATE {table} t SET "state" = CASE WHEN m.pid IS NULL THEN 'TAKE'::{state} ELSE 'WORK'::{state} END,
-    "attempt" = t."attempt" + 1, "lease" = gen_random_uuid(), "pid" = m.pid,
+    "attempt" = t."attempt" + 1, "lease" = {@lease}, "pid" = m.pid,
     "start" = CASE WHEN m.pid IS NULL THEN t."start" ELSE statement_timestamp() END
 FROM chosen LEFT JOIN matched m ON m."id" = chosen."id" WHERE t."id" = chosen."id"
-RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295)), m.pid AS session_pid
+RETURNING {task_columns}, m.pid AS session_pid
 
 -- claim_next --
 -- Executor reuse within count/live (the manual's task_live): the next due task of the same group,
@@ -126,9 +126,9 @@ WITH s AS (
     ORDER BY "max" DESC, "id" LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 )
-UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = gen_random_uuid()
+UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = {@lease}
 FROM s WHERE t."id" = s."id"
-RETURNING {task_columns}, pg_advisory_lock((%(oid)s::bigint << 32) | (t."id" & 4294967295))
+RETURNING {task_columns}
 
 -- work --
 UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = %(pid)s
@@ -191,27 +191,65 @@ WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "sta
   AND "stop" IS NULL
 RETURNING "id"
 
--- reset --
--- Orphans: rows holding their group's slot (see "claim") whose liveness lock nobody holds (the
--- service that claimed them died). A TAKE/WORK row goes back to PLAN; a STOP row stays STOP (STOP
--- is final) and gets its stop: its task ended with its service, and it no longer holds the slot.
--- A local WORK or STOP row whose session (its pid) is still connected to this database is not one:
--- that session's service is alive and only lost the connection its liveness locks were on (it takes
--- them again when it reconnects); reset now, the task would run a second time beside the first --
--- or, stopped, the group's next task would start beside it.
--- (A service that died takes its sessions with it: the server ends an orphaned session's query
--- within client_connection_check_interval.)
-WITH s AS (
-    SELECT t."id" FROM {table} t
-    WHERE ({@table.sql:slot_held})
-      AND NOT EXISTS (
-        SELECT FROM pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND l.classid = %(oid)s::oid AND l.objid = (t."id" & 4294967295)::oid)
-      AND NOT (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
+-- lease --
+-- (Part of claim and claim_next.) A claim's lease: the claiming instance's token (the first 18
+-- characters of a uuid's text), then the rest of a fresh random uuid.
+(%(token)s || substr(gen_random_uuid()::text, 19))::uuid
+
+-- instance_alive --
+-- (Part of alive and reset.) Whether the instance i's control backend is connected: its pid, of its
+-- role, started when it registered (a backend_start another role's session may not see is NULL:
+-- then pid and role). Only the service writes the instance table, and no other role can log in as
+-- the service's: nobody else's session makes an instance look alive.
+EXISTS (SELECT FROM pg_stat_activity a
+        WHERE a.pid = i."pid" AND a.usesysid = i."role" AND a.datname = current_database()
+          AND (a.backend_start = i."started" OR a.backend_start IS NULL))
+
+-- alive --
+-- (Part of reset, and of the notebook's "stuck".) Whether the row t, holding its group's slot, is
+-- alive: the instance that claimed it (its lease's token) is connected -- or, a local WORK or STOP
+-- row, its executor session (its pid) is: that session's service is alive and only lost its control
+-- connection (it registers the new one when it reconnects); reset now, the task would run a second
+-- time beside the first -- or, stopped, the group's next task would start beside it. (A service
+-- that died takes its sessions with it: the server ends an orphaned session's query within
+-- client_connection_check_interval.) That session began before its task started; where this role
+-- may not see when a session began (another role's: NULL, as its backend_type), it is of the
+-- task's role: a backend that took over the pid of a session gone keeps no row alive.
+(left(t."lease"::text, 18) IN (SELECT i."token" FROM {rel_instance} i WHERE {@instance_alive})
+ OR (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
         SELECT FROM pg_stat_activity a
-        WHERE a.pid = t."pid" AND a.datname = current_database() AND a.backend_type = 'client backend'))
+        WHERE a.pid = t."pid" AND a.datname = current_database()
+          AND (a.backend_start <= t."start" OR (a.backend_start IS NULL AND a.usename = t."user")))))
+
+-- register --
+-- This instance's control backend (run on it at every connect): the claims of this instance are
+-- alive while it is connected.
+INSERT INTO {rel_instance} ("token", "pid", "started", "role")
+SELECT %(token)s, a.pid, a.backend_start, a.usesysid FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+ON CONFLICT ("token") DO UPDATE SET "pid" = EXCLUDED."pid", "started" = EXCLUDED."started", "role" = EXCLUDED."role"
+
+-- unregister --
+DELETE FROM {rel_instance} WHERE "token" = %(token)s
+
+-- stop_requested --
+-- Of the tasks this service runs (id, attempt, lease), those whose row is STOP under that very claim:
+-- a 'stop <id>' notification is only a hint (any role can send one), this is what is cancelled.
+-- One row: the array of their ids.
+SELECT coalesce(array_agg(x."id"), '{{}}')
+FROM unnest(%(id)s::bigint[], %(attempt)s::int4[], %(lease)s::uuid[]) AS x("id", "attempt", "lease")
+JOIN {table} t ON t."id" = x."id"
+WHERE t."attempt" = x."attempt" AND t."lease" = x."lease" AND t."state"::text = 'STOP'
+
+-- reset --
+-- Orphans: rows holding their group's slot (see "claim") that are not alive (see "alive"): the
+-- service that claimed them died. A TAKE/WORK row goes back to PLAN; a STOP row stays STOP (STOP is
+-- final) and gets its stop: its task ended with its service, and it no longer holds the slot.
+-- Instances whose control backend is gone are forgotten.
+WITH gone AS (
+    DELETE FROM {rel_instance} i WHERE NOT {@instance_alive}
+), s AS (
+    SELECT t."id" FROM {table} t
+    WHERE ({@table.sql:slot_held}) AND NOT {@alive}
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 'PLAN' END,

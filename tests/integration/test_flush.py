@@ -146,16 +146,16 @@ def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
 def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, service):
     """Another instance holding the table's claim lock stalls the claim passes, not the finishes:
     a pass carrying finishes gives up waiting after SLOW_FLUSH and hands them to a writer."""
-    oid = db.value("SELECT 'task'::regclass::oid::bigint")
-    with db.connect() as locker:
+    with db.connect() as locker, db.connect() as claimer:
         locker.execute("SELECT pg_advisory_lock(4246)")  # the task runs until this is released
         task = db.insert("SELECT pg_advisory_xact_lock(4246)", group="a")
         db.wait_state(task, states=("WORK",))
-        locker.execute("SELECT pg_advisory_lock(%s)", (oid,))  # the claim lock, as a claim pass takes it
+        claimer.execute("BEGIN")
+        claimer.execute("LOCK TABLE task_claim IN SHARE UPDATE EXCLUSIVE MODE")  # as a claim pass takes it
         locker.execute("SELECT pg_advisory_unlock(4246)")  # the task ends; its finish must get through
         assert db.wait_state(task, timeout=10)["state"] == "DONE"
         waiting = db.insert("SELECT 1", group="b")
-        locker.execute("SELECT pg_advisory_unlock(%s)", (oid,))
+        claimer.execute("COMMIT")
     assert db.wait_state(waiting)["state"] == "DONE"  # claiming goes on once the lock is free
 
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from support import holding_scheduler, wait_for, wait_for_async
+from support import holding_scheduler, killed_mid_task, wait_for, wait_for_async
 
 from pgtask.executor import Task
 from pgtask.scheduler import TASK_COLUMNS, Scheduler
@@ -361,14 +361,7 @@ def test_limit_zero_claims_nothing(db, service_factory):
 
 
 def test_orphans_of_a_killed_service_run_again(db, service_factory):
-    db.execute("CREATE TABLE ran (id bigint)")
-    svc = service_factory(db.name)
-    # the first run hangs (and dies with its service, uncommitted); the second run is quick
-    task_id = db.insert("SELECT pg_sleep(CASE WHEN (SELECT attempt FROM task WHERE id = "
-                        "current_setting('pg_task.id')::bigint) = 1 THEN 60 ELSE 0 END); "
-                        "INSERT INTO ran VALUES (current_setting('pg_task.id')::bigint)")
-    db.wait_state(task_id, states=("WORK",))
-    svc.kill()
+    task_id = killed_mid_task(db, service_factory)
     service_factory(db.name)
     row = wait_for(lambda: (r := db.task(task_id))["state"] == "DONE" and r, 20, message="the re-run")
     assert row["attempt"] == 2
@@ -594,9 +587,9 @@ def test_a_database_statement_timeout_does_not_cancel_the_services_own_statement
     assert "connection lost" not in svc.output()
 
 
-def test_a_refused_claim_leaves_no_liveness_lock_behind(db):
-    """The liveness locks a claim takes for the rows it returned before the one refused stay with
-    the control session (session locks outlive the rollback): the failed pass drops them."""
+def test_a_refused_claim_leaves_no_lock_behind(db):
+    """A claim the database refuses after it returned some rows: the failed pass rolls back -- no row
+    claimed, and the claim lock is free for the next pass (of any instance)."""
     db.execute("""CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
                   BEGIN RAISE EXCEPTION 'not this one'; END $$""")
     db.execute("CREATE TRIGGER refuse_claim BEFORE UPDATE OF state ON task FOR EACH ROW "
@@ -611,7 +604,7 @@ def test_a_refused_claim_leaves_no_liveness_lock_behind(db):
         try:
             with pytest.raises(psycopg.errors.RaiseException, match="not this one"):
                 await sched.claim_pass()
-            assert db.execute("SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+            assert db.execute("SELECT mode FROM pg_locks WHERE relation = 'task_claim'::regclass AND pid = %s",
                               (sched.control.info.backend_pid,)) == []
         finally:
             await sched.close()

@@ -151,10 +151,9 @@ def test_processes_share_the_work_and_pg_task_run(db, service_factory):
     """processes = 2 with pg_task.run = 3: both processes claim, and the service as a whole never
     has more than 3 tasks in flight (the first process's part is 2, the worker's 1)."""
     db.execute("CREATE TABLE seen (claimer int, in_flight bigint)")
-    oid = db.value("SELECT 'task'::regclass::oid")
-    # who holds the task's liveness lock is the control connection of the process that claimed it
-    body = (f"INSERT INTO seen SELECT (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            f"AND classid = {oid} AND objid = (current_setting('pg_task.id')::bigint & 4294967295)::oid), "
+    # the instance whose token begins the task's lease: the control connection of the process that claimed it
+    body = ("INSERT INTO seen SELECT (SELECT i.pid FROM task t JOIN task_instance i ON i.token = left(t.lease::text, 18) "
+            "WHERE t.id = current_setting('pg_task.id')::bigint), "
             "(SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')); SELECT pg_sleep(0.3)")
     svc = service_factory(db.name, "[pg_task]\nrun = 3\n[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n")
     wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")

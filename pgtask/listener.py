@@ -1,0 +1,108 @@
+"""LISTEN on a task table's channel and hand its notifications on as hints, never as the truth.
+
+Any role may NOTIFY any channel with any payload: a payload is parsed defensively (anything
+unexpected is ignored), and a 'stop <id>' cancels nothing by itself -- StopHints asks the table
+first, and cancels only a task this service runs whose row is STOP under that very claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+
+import psycopg
+from psycopg import sql
+
+from .supervise import Delays
+
+log = logging.getLogger("pgtask.listener")
+
+WAKE, SCHEDULE, STOP = "wake", "schedule", "stop"
+_STOP = re.compile(r"stop ([1-9][0-9]{0,18})")
+_MAX_ID = 2**63 - 1
+
+
+def parse(payload: str) -> tuple[str, int] | tuple[str, None] | None:
+    """A notification's payload as (WAKE, None), (SCHEDULE, None) or (STOP, task id); None for
+    anything else (ignored)."""
+    if payload == WAKE:
+        return WAKE, None
+    if payload == SCHEDULE:
+        return SCHEDULE, None
+    m = _STOP.fullmatch(payload)
+    if m is not None and int(m.group(1)) <= _MAX_ID:
+        return STOP, int(m.group(1))
+    return None
+
+
+class Listener:
+    """One LISTEN connection: reconnects with ``delays`` when the connection is lost; anything else
+    that goes wrong ends run() with the exception (supervise.supervised starts it again)."""
+
+    def __init__(self, conninfo: str, channel: str, label: str, delays: Delays,
+                 stopping: Callable[[], bool], on_wake: Callable[[], None],
+                 on_schedule: Callable[[], None], on_stop: Callable[[int], None]):
+        self.conninfo, self.channel, self.label, self.delays = conninfo, channel, label, delays
+        self.stopping = stopping
+        self.handlers = {WAKE: lambda _: on_wake(), SCHEDULE: lambda _: on_schedule(), STOP: on_stop}
+
+    async def run(self) -> None:
+        while not self.stopping():
+            try:
+                async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.delays.reset()
+                    self.handlers[WAKE](None)  # a (re)connected listener triggers an immediate claim pass
+                    async for note in conn.notifies():
+                        self.handle(note.payload)
+            except psycopg.OperationalError as exc:
+                delay = self.delays.next()
+                log.warning("%s: listener lost (%s); reconnecting in %.1fs", self.label, exc, delay)
+                await asyncio.sleep(delay)
+
+    def handle(self, payload: str) -> None:
+        hint = parse(payload)
+        if hint is None:
+            log.debug("%s: notification ignored: %r", self.label, payload[:80])
+            return
+        kind, value = hint
+        self.handlers[kind](value)
+
+
+class StopHints:
+    """'stop <id>' hints, checked before anything is cancelled. A hint for a task this service does
+    not run costs nothing; hints for running ones gather while a check is in flight and are checked
+    together, in one query: a storm of hints is a few queries, not one each."""
+
+    def __init__(self, running: Callable[[int], bool],
+                 confirm: Callable[[list[int]], Awaitable[Iterable[int]]],
+                 cancel: Callable[[int], Awaitable[None]], label: str):
+        self.running, self.confirm, self.cancel, self.label = running, confirm, cancel, label
+        self.pending: set[int] = set()
+        self.checking: asyncio.Task | None = None
+
+    def hint(self, task_id: int) -> None:
+        if not self.running(task_id):
+            return
+        self.pending.add(task_id)
+        if self.checking is None:
+            self.checking = asyncio.create_task(self._check(), name=f"stop hints {self.label}")
+
+    async def _check(self) -> None:
+        try:
+            while self.pending:
+                ids, self.pending = sorted(self.pending), set()
+                try:
+                    for task_id in await self.confirm(ids):
+                        await self.cancel(task_id)
+                except Exception:
+                    log.exception("%s: checking stop requests %s failed", self.label, ids)
+        finally:
+            self.checking = None
+
+    async def close(self) -> None:
+        if self.checking is not None:
+            self.checking.cancel()
+            await asyncio.gather(self.checking, return_exceptions=True)
