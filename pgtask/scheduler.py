@@ -32,6 +32,7 @@ from .config import Entry
 from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
+from .slots import Slots
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -139,6 +140,7 @@ class Options:
     execute_as: str
     grace: float
     connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
+    max_sessions: int = 0  # executor sessions open at once, at most; 0: derived from the server (slots.py)
     # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
     maintenance: dict[str, Any] | None = field(default_factory=dict)
 
@@ -211,7 +213,8 @@ class Scheduler:
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
-                                    connecting=options.connecting)
+                                    connecting=options.connecting,
+                                    slots=Slots(options.max_sessions, self.connection_slots))
         self.ready = asyncio.Event()
         self.last_expiry = 0.0
         # connection -> {statement name: what it was prepared for}: see _prepared
@@ -712,6 +715,13 @@ class Scheduler:
                     await self.finish(task, "", simple_error(
                         f"could not connect as role {task.user}", str(exc).strip()))
         return None
+
+    async def connection_slots(self) -> tuple[int, int]:
+        """(usable connection slots, client backends connected now): see "slots" in slots.sql."""
+        async with self.writers.connection() as conn:
+            cur = await conn.execute(named.query("slots.sql", "slots"))
+            usable, connected = await cur.fetchone()
+        return usable, connected
 
     async def _server_up(self) -> bool:
         try:
