@@ -141,6 +141,8 @@ class Options:
     grace: float
     connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
     max_sessions: int = 0  # executor sessions open at once, at most; 0: derived from the server (slots.py)
+    remote_attempts: int = 6  # connections a remote task tries while each fails before its input is sent
+    remote_backoff: float = 1.0  # seconds before the second of them, doubling (see remote.again)
     # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
     maintenance: dict[str, Any] | None = field(default_factory=dict)
 

@@ -83,11 +83,14 @@ def ran_once_each(conn, n: int) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("max_sessions", -1, "must be >= 0, got -1"), ("max_sessions", True, "expected int, got True")])
+    ("max_sessions", -1, "must be >= 0, got -1"), ("max_sessions", True, "expected int, got True"),
+    ("remote_attempts", 0, "must be >= 1, got 0"), ("remote_backoff", 0, "must be > 0, got 0.0"),
+    ("remote_backoff", float("inf"), "must be a finite number, got inf"),
+    ("remote_backoff", "1", "expected float, got '1'")])
 def test_a_wrong_slot_or_retry_setting_is_refused_naming_the_key(key, value, message):
     with pytest.raises(ConfigError, match=f"^pgtask.{key}: {message}$"):
         from_dict({"pgtask": {key: value}})
-    assert from_dict({}).svc("max_sessions") == 0
+    assert [from_dict({}).svc(k) for k in ("max_sessions", "remote_attempts", "remote_backoff")] == [0, 6, 1.0]
 
 
 def test_derived_cap_leaves_headroom_and_counts_what_others_hold():
