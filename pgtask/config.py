@@ -76,6 +76,9 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "execute_as": (str, "auto"),     # auto | login | set_role: how a local task takes its author's role
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)
     "connecting": (int, 4),          # executor sessions being opened at once per scheduler, at most
+    "max_sessions": (int, 0),        # executor sessions open at once per scheduler; 0 = derived (slots.py)
+    "remote_attempts": (int, 6),     # connections a remote task tries while each fails before its input is sent
+    "remote_backoff": (float, 1.0),  # s before the second of them; doubling, at most 60 s (remote.py)
     "processes": (int, 1),           # service processes claiming and running tasks (supervisor.Workers)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)
     "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
@@ -91,6 +94,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
 SERVICE_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "grace": (0, None, True), "embedded_port": (1, 65535, True), "output_limit": (0, None, True),
     "reset_check": (0, None, False), "connecting": (1, None, True), "processes": (1, None, True),
+    "max_sessions": (0, None, True), "remote_attempts": (1, None, True), "remote_backoff": (0, 3600, False),
     "schedule_interval": (0, None, False), "schedule_batch": (1, None, True),
     "retention_interval": (0, None, False), "retention_batch": (1, None, True),
     "key_interval": (0, None, False), "key_batch": (1, None, True),

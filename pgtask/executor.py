@@ -29,6 +29,7 @@ from . import spi as spi_mode
 from . import wire
 from .output import DEFAULT_STYLE, ErrorStyle, Format, Output, format_error, reason, simple_error
 from .provision import function_name
+from .slots import Slots, refused_for_slots
 
 log = logging.getLogger("pgtask.executor")
 
@@ -249,12 +250,16 @@ class SessionPool:
     on the sessions that end meanwhile instead of starting a backend for every task (a thousand
     `SELECT 1` in a thousand groups: a few dozen backends, not a thousand); long tasks each still
     get a session of their own, opened as fast as the server starts backends anyway.
+
+    At most ``slots.cap`` sessions are open at once (see slots.py): a task that finds none idle
+    when the cap is reached waits the same way -- an idle session of another role is closed to
+    make room -- and so does a task whose session the server refused for want of a slot.
     """
 
     IDLE_TRIM = 10.0
 
     def __init__(self, base_conninfo: str, service_user: str, mode: str, idle_per_user: int = 32,
-                 connecting: int = 4):
+                 connecting: int = 4, slots: Slots | None = None):
         self.base, self.service_user, self.mode = base_conninfo, service_user, mode
         self.connecting_max = connecting
         self.idle: dict[str, list[Session]] = {}
@@ -268,6 +273,10 @@ class SessionPool:
         # tasks waiting for a session: (role, future); the future gets a session of that role put
         # back, or _SLOT (a connection slot handed over: open one)
         self.waiting: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
+        self.slots = slots or Slots()
+        self.deriving: asyncio.Future | None = None  # the cap being derived again (see _slot_room)
+        self.recheck: asyncio.TimerHandle | None = None  # see _grant
+        self.evicting = 0  # idle sessions being closed to make room (_make_room)
 
     def config_reloaded(self) -> None:
         """The server read its configuration again: every session reads its error style again
@@ -279,30 +288,44 @@ class SessionPool:
         group_settings), else the most recently used -- or a new one opened with them: settings
         given at connection start are the session's own, which its reset restores, so a task
         whose settings they are needs no set_config for them. Waits while ``connecting``
-        sessions are being opened (see the class)."""
-        pool = self.idle.get(user)
-        while pool:
-            i = next((i for i in range(len(pool) - 1, -1, -1) if pool[i].settings == settings), -1)
-            session = pool.pop(i)
-            if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        sessions are being opened, or the pool's sessions are at their cap (see the class)."""
+        refused = False
+        while True:
+            pool = self.idle.get(user)
+            while pool:
+                i = next((i for i in range(len(pool) - 1, -1, -1) if pool[i].settings == settings), -1)
+                session = pool.pop(i)
+                if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                    return session
+                await session.conn.close()
+            room = await self._slot_room()
+            if self.connecting >= self.connecting_max or self.waiting or not room:
+                got = await self._wait(user, first=refused)
+                if got is not _SLOT:
+                    return got
+            else:
+                self.connecting += 1
+            try:
+                session = await self._open(user, settings)
+                self.slots.admitted(session)
                 return session
-            await session.conn.close()
-        if self.connecting >= self.connecting_max or self.waiting:
-            got = await self._wait(user)
-            if got is not _SLOT:
-                return got
-        else:
-            self.connecting += 1
-        try:
-            return await self._open(user, settings)
-        finally:
-            self._free_slot()
+            except psycopg.OperationalError as exc:
+                if not refused_for_slots(exc):
+                    raise
+                self._refused(exc)
+                refused = True
+            finally:
+                self._free_slot()
 
-    async def _wait(self, user: str) -> Session | object:
-        """In line for a session of ``user`` put back or a connection slot (see the class)."""
+    async def _wait(self, user: str, first: bool = False) -> Session | object:
+        """In line for a session of ``user`` put back or a connection slot (see the class);
+        ``first``: at the head of the line (its session was refused)."""
         waiter = asyncio.get_running_loop().create_future()
         entry = (user, waiter)
-        self.waiting.append(entry)
+        if first:
+            self.waiting.appendleft(entry)
+        else:
+            self.waiting.append(entry)
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -317,13 +340,73 @@ class SessionPool:
             raise
 
     def _free_slot(self) -> None:
-        """A connection slot is free: hand it to the first task waiting, else give it back."""
-        while self.waiting:
+        """An open is over: the first task waiting may open one (see _grant)."""
+        self.connecting -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand the tasks waiting, first come first served, what may be opened now; while the
+        cap stops them, close an idle session (the least recently used: of a role none of them
+        waits for, else it would have been handed over) and look again once one may have ended,
+        the server's refusal is over or the cap is due to be derived again."""
+        loop = asyncio.get_running_loop()
+        while self.waiting and self.connecting < self.connecting_max:
+            if not self.slots.room(self.connecting, loop.time()):
+                self._make_room()
+                if self.recheck is None:
+                    self.recheck = loop.call_later(self.slots.recheck_in(loop.time()), self._rechecked)
+                return
             _, waiter = self.waiting.popleft()
             if not waiter.done():
+                self.connecting += 1
                 waiter.set_result(_SLOT)
-                return
-        self.connecting -= 1
+
+    def _rechecked(self) -> None:
+        self.recheck = None
+        if self.slots.stale(asyncio.get_running_loop().time()):
+            self._chore(self._slot_room(), "derive the session cap")
+        else:
+            self._grant()
+
+    async def _slot_room(self) -> bool:
+        """Whether a session may be opened now as far as the cap goes, the cap derived again
+        first when it is due (one query for every task that needs it then)."""
+        loop = asyncio.get_running_loop()
+        if self.slots.stale(loop.time()):
+            if self.deriving is None or self.deriving.done():
+                self.deriving = asyncio.ensure_future(self._derive())
+            await asyncio.shield(self.deriving)
+        return self.slots.room(self.connecting, loop.time())
+
+    async def _derive(self) -> None:
+        try:
+            await self.slots.refresh(asyncio.get_running_loop().time())
+        except psycopg.Error as exc:  # the cap stays: the server is slow or away, the open will tell
+            log.info("could not derive the executor session cap (%s)", reason(exc))
+        self._grant()
+
+    def _make_room(self) -> None:
+        """Close the least recently used idle session (it frees a slot for a task waiting), unless
+        as many are being closed as tasks wait."""
+        oldest = min((pool for pool in self.idle.values() if pool), key=lambda pool: pool[0].idle_since,
+                     default=None)
+        if oldest is not None and self.evicting < len(self.waiting):
+            self.evicting += 1
+            self._chore(self._close_for_room(oldest.pop(0)), "close an idle session for room")
+
+    async def _close_for_room(self, session: Session) -> None:
+        try:
+            await session.conn.close()
+        finally:
+            self.evicting -= 1
+        self._grant()
+
+    def _refused(self, exc: psycopg.OperationalError) -> None:
+        """The server refused a session for want of a connection slot: the task never ran; it
+        waits, first in line, and no session is opened for a while (Slots.refused)."""
+        delay = self.slots.refused(asyncio.get_running_loop().time())
+        log.warning("executor session refused (%s) with %d open; the task waits, opening again in %.2fs",
+                    reason(exc), self.slots.opened(), delay)
 
     async def _open(self, user: str, settings: tuple[tuple[str, str], ...]) -> Session:
         use_login = self.mode == "login" or (self.mode == "auto" and user not in self.no_login)
@@ -369,6 +452,7 @@ class SessionPool:
 
     async def put(self, session: Session) -> None:
         if session.conn.closed:
+            self._grant()  # its slot is free
             return
         idle = session.pgconn.transaction_status == pq.TransactionStatus.IDLE  # else get() drops it
         for entry in self.waiting if idle else ():
@@ -386,6 +470,8 @@ class SessionPool:
         if session.needs_reset:
             # a timer, not a task per put: most sessions are taken again before it fires
             loop.call_later(Session.RESET_DELAY, self._reset_if_idle, session)
+        if self.waiting:
+            self._grant()  # tasks of other roles waiting on the cap: this one may make room
 
     def _trim(self) -> None:
         """Close each role's idle sessions beyond idle_per_user that have been idle IDLE_TRIM
@@ -428,11 +514,13 @@ class SessionPool:
 
     async def discard(self, session: Session) -> None:
         await session.conn.close()
+        self._grant()
 
     async def close(self) -> None:
-        if self.trim is not None:
-            self.trim.cancel()
-            self.trim = None
+        for timer in (self.trim, self.recheck):
+            if timer is not None:
+                timer.cancel()
+        self.trim = self.recheck = None
         for t in list(self.chores):
             t.cancel()
         await asyncio.gather(*self.chores, return_exceptions=True)

@@ -10,6 +10,10 @@ task: TAKE -> WORK with the remote backend pid, the preamble, the input as one s
 of a transaction left open, finish; then, within count/live, the next task of the same group and
 remote on the same connection (after ``DISCARD ALL`` unless the finished task had ``save``).
 
+A task whose connection failed before its input was sent (the remote server restarting, shutting
+down, full or unreachable) connects again after a while (see again), up to ``remote_attempts``
+connections; one whose input may have run fails as pg_task's does.
+
 Connection strings are never logged: they may hold passwords.
 """
 
@@ -20,6 +24,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
@@ -48,13 +53,29 @@ NO_PASSWORD_KEYWORD = "Non-superusers must provide a password in the connection 
 PASSWORD_NOT_USED = "Non-superuser cannot connect if the server does not request a password."
 PASSWORD_NOT_USED_HINT = "Target server's authentication method must be changed."
 
+# Seconds a remote task whose connection failed before its input was sent waits, at most, before it
+# connects again (see again).
+REMOTE_BACKOFF_CAP = 60.0
+DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the service drains
+
 
 class RemoteConnection(Connection):
     """One remote connection, for one task."""
 
+    sent = False  # the running task's input was sent (run): from then on it may have run
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken connection
             await self.conn.close()
+
+
+class Unsent(Exception):
+    """The task's connection failed before its input was sent: ``error`` is the task's error if it
+    does not connect again (see again)."""
+
+    def __init__(self, error: str):
+        super().__init__(error)
+        self.error = error
 
 
 @functools.lru_cache(maxsize=256)
@@ -144,12 +165,16 @@ async def _lookup(sched: Scheduler, user: str) -> tuple[bool, str]:
 
 
 async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None, str | None]:
-    """Open the remote connection of ``task``: (connection, None) or (None, the task's error)."""
+    """Open the remote connection of ``task``: (connection, None) or (None, the task's error);
+    raises Unsent when connecting failed (a try later may succeed)."""
     try:
         user_params = dict(parse_remote(task.remote))
     except psycopg.Error as exc:
         return None, simple_error("PQconninfoParse failed", message(exc))
-    superuser, encoding = await _local_facts(sched, task.user)
+    try:
+        superuser, encoding = await _local_facts(sched, task.user)
+    except psycopg.Error as exc:  # the local server, asked about the task's role
+        raise Unsent(simple_error(f"could not look up role {task.user}", message(exc))) from exc
     if not superuser and not user_params.get("password"):
         # Otherwise the service's own credentials (PGPASSWORD, .pgpass) would be used for the author.
         return None, simple_error(PASSWORD_REQUIRED, NO_PASSWORD_KEYWORD)
@@ -159,7 +184,7 @@ async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None
         conn = await psycopg.AsyncConnection.connect(conninfo(params), autocommit=True,
                                                      prepare_threshold=None)
     except psycopg.Error as exc:
-        return None, _connect_error(message(exc))
+        raise Unsent(_connect_error(message(exc))) from exc
     if not superuser and not conn.pgconn.used_password:
         await conn.close()
         return None, "\n".join([simple_error(PASSWORD_REQUIRED, PASSWORD_NOT_USED),
@@ -178,19 +203,20 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
     """
     await remote.settled()  # a cancel meant for the task before on this connection must not reach this one
     out = Output(task.format(), output_limit, remote.encoding)
+    remote.sent = False
     try:
         return await _run(remote, task, out, started, style)
     except psycopg.OperationalError as exc:
-        raise Lost(exc, out.value(remote.encoding)) from exc
+        raise Lost(exc, out.value(remote.encoding), remote.sent) from exc
 
 
 class Lost(Exception):
     """The remote connection broke while a task ran: ``output`` is what had arrived before (the
-    task's output, as for any other error)."""
+    task's output, as for any other error); ``sent``: its input had been sent (it may have run)."""
 
-    def __init__(self, exc: psycopg.OperationalError, output: str | None):
+    def __init__(self, exc: psycopg.OperationalError, output: str | None, sent: bool = True):
         super().__init__(str(exc))
-        self.exc, self.output = exc, output
+        self.exc, self.output, self.sent = exc, output, sent
 
 
 async def _run(remote: RemoteConnection, task: Task, out: Output, started: Awaitable[bool] | None,
@@ -199,11 +225,13 @@ async def _run(remote: RemoteConnection, task: Task, out: Output, started: Await
     pgconn = remote.pgconn
     error: str | None = None
     err = await wire.simple(pgconn, preamble(task, check_client=pgconn.server_version >= 140000), enc)
+    wire.raise_if_lost(err, pgconn)  # the session ended (a server shutting down): not the task's error
     if started is not None and not await started:
         raise NotStarted(task.id)
     if err is not None:
         error = format_error(err, task.input, enc, style=style)
     else:
+        remote.sent = True
         err = await wire.run(pgconn, task.input, out, local=False, encoding=enc)
         enc = remote.encoding_now()  # the input may have changed it
         if err is not None:
@@ -225,10 +253,17 @@ async def execute(sched: Scheduler, task: Task) -> None:
     done = 0
     born = task.now
     spawner_max = task.max
+    tries = 1  # connections of this task so far (see again)
     try:
         while task is not None:
             if remote is None:
-                remote, error = await connect(sched, task)
+                try:
+                    remote, error = await connect(sched, task)
+                except Unsent as unsent:
+                    if not await again(sched, task, unsent.error, tries):
+                        return
+                    tries += 1
+                    continue
                 if remote is None:
                     log.info("task %s: remote connection refused or failed: %s", task.id,
                              error.splitlines()[-1] if error else "")
@@ -245,15 +280,22 @@ async def execute(sched: Scheduler, task: Task) -> None:
                 log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
                 await remote.close()
                 remote = None
-                await sched.finish(task, lost.output or "", simple_error(
-                    "PQconsumeInput failed", message(lost.exc), statement=task.input, style=sched.error_style))
-                return
+                error = simple_error("PQconsumeInput failed", message(lost.exc), statement=task.input,
+                                     style=sched.error_style)
+                if lost.sent:  # its input may have run: it is not run again (pg_task's rule)
+                    await sched.finish(task, lost.output or "", error)
+                    return
+                if not await again(sched, task, error, tries):
+                    return
+                tries += 1
+                continue
             except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
                 await remote.close()
                 remote = None
                 await sched.failed_in_service(task, exc)
                 return
             done += 1
+            tries = 1
             finished = task
             task = await sched.complete(finished, output, error, spawner_max, done, born)
             if task is not None and not finished.save and remote is not None:
@@ -265,6 +307,33 @@ async def execute(sched: Scheduler, task: Task) -> None:
     finally:
         if remote is not None:
             await remote.close()
+
+
+async def again(sched: Scheduler, task: Task, error: str, tries: int) -> bool:
+    """The ``tries``-th connection of ``task`` failed before its input was sent: whether to connect
+    again, after waiting ``remote_backoff`` seconds, doubling with every try up to REMOTE_BACKOFF_CAP,
+    with jitter (the tasks a server restart turned away do not all come back at once). The task
+    keeps its claim meanwhile (TAKE, its group's slot: the group's next task would meet the same
+    server). After ``remote_attempts`` connections it fails with ``error``, the last reason; when
+    the service drains, it goes back to PLAN."""
+    attempts = sched.options.remote_attempts
+    if tries >= attempts:
+        log.warning("task %s: remote connection failed before its input was sent (%s), %s of %s: it fails",
+                    task.id, error.splitlines()[-1].strip(), tries, attempts)
+        await sched.finish(task, "", error)
+        return False
+    sched.inflight[task.id] = (task, None)  # no query of it to cancel meanwhile
+    delay = min(sched.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
+    log.info("task %s: remote connection failed before its input was sent (%s), %s of %s; again in %.1fs",
+             task.id, error.splitlines()[-1].strip(), tries, attempts, delay)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + delay
+    while not sched.draining and (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(left, DRAIN_CHECK))  # a drain does not wait out the delay
+    if sched.draining:
+        await sched.requeue(task)
+        return False
+    return True
 
 
 async def _discard(remote: RemoteConnection) -> str | None:

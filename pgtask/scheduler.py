@@ -35,6 +35,7 @@ from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_s
 from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
+from .slots import Slots
 from .supervise import supervised
 
 log = logging.getLogger("pgtask.scheduler")
@@ -130,6 +131,9 @@ class Options:
     execute_as: str
     grace: float
     connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
+    max_sessions: int = 0  # executor sessions open at once, at most; 0: derived from the server (slots.py)
+    remote_attempts: int = 6  # connections a remote task tries while each fails before its input is sent
+    remote_backoff: float = 1.0  # seconds before the second of them, doubling (see remote.again)
     # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
     maintenance: dict[str, Any] | None = field(default_factory=dict)
 
@@ -205,7 +209,8 @@ class Scheduler:
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
-                                    connecting=options.connecting)
+                                    connecting=options.connecting,
+                                    slots=Slots(options.max_sessions, self.connection_slots))
         self.ready = asyncio.Event()
         self.last_expiry = 0.0
         # connection -> {statement name: what it was prepared for}: see _prepared
@@ -700,6 +705,13 @@ class Scheduler:
                     await self.finish(task, "", simple_error(
                         f"could not connect as role {task.user}", str(exc).strip()))
         return None
+
+    async def connection_slots(self) -> tuple[int, int]:
+        """(usable connection slots, client backends connected now): see "slots" in slots.sql."""
+        async with self.writers.connection() as conn:
+            cur = await conn.execute(named.query("slots.sql", "slots"))
+            usable, connected = await cur.fetchone()
+        return usable, connected
 
     async def _server_up(self) -> bool:
         try:

@@ -334,7 +334,9 @@ class Supervisor:
                        limit=int(values["pg_task.limit"]),
                        reset_check=reset_check, output_limit=self.cfg.svc("output_limit"),
                        execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"),
-                       connecting=self.cfg.svc("connecting"),
+                       connecting=self.cfg.svc("connecting"), max_sessions=self.cfg.svc("max_sessions"),
+                       remote_attempts=self.cfg.svc("remote_attempts"),
+                       remote_backoff=self.cfg.svc("remote_backoff"),
                        maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS} if index == 0 else None)
 
     async def apply(self) -> None:

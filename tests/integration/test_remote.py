@@ -54,6 +54,11 @@ def scram_conninfo(c: Cluster, password: str = "bob secret") -> str:
     return f"host=127.0.0.1 port={c.port} dbname=postgres user=bob password='{password}'"
 
 
+# One connection a task (no connecting again after a failed one, see remote.again): pg_task's way,
+# for the tests of what a failed connection leaves in the row.
+ONE_CONNECTION = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\nremote_attempts = 1\n'
+
+
 def remote_activity(conn, pid: int) -> tuple | None:
     rows = conn.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall()
     return rows[0] if rows else None
@@ -225,7 +230,8 @@ def black_hole():
     s.close()
 
 
-def test_unreachable_host_fails_within_connect_timeout(db, service, black_hole):
+def test_unreachable_host_fails_within_connect_timeout(db, service_factory, black_hole):
+    service = service_factory(db.name, ONE_CONNECTION)
     refused_port = _free_port()
     t0 = time.monotonic()
     hole = db.insert("SELECT 1",
@@ -296,7 +302,8 @@ def insert_as(conn, input_text: str, remote: str) -> int:
                         (input_text, remote)).fetchone()[0]
 
 
-def test_password_rule(db, service, far, scram, alice):
+def test_password_rule(db, service_factory, far, scram, alice):
+    service = service_factory(db.name, ONE_CONNECTION)
     dsn, _ = far
     no_keyword = insert_as(alice, "SELECT 1", dsn)
     not_used = insert_as(alice, "SELECT 1", f"{dsn} password=whatever")
