@@ -199,6 +199,11 @@ class Session(Connection):
         self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see style
         self.reloads = reloads  # the pool's count of configuration reloads (SessionPool)
         self.style_reloads = -1  # that count when error_style was read
+        # count/live, as the manual's worker counts them: tasks run, when the first of them was
+        # claimed (the database's clock, for claim_next) and started (the loop's, for spent)
+        self.tasks = 0
+        self.born = None
+        self.born_at = 0.0
 
     @classmethod
     async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
@@ -223,6 +228,17 @@ class Session(Connection):
         cur = self.conn.cursor(row_factory=psycopg.rows.tuple_row)
         self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
         self.style_reloads = reloads
+
+    def starts(self, task: Task) -> None:
+        """``task`` runs on it: the first one starts its life (see spent)."""
+        if not self.tasks:
+            self.born, self.born_at = task.now, asyncio.get_running_loop().time()
+
+    def spent(self, task: Task) -> bool:
+        """Whether it has lived out ``task``'s count or live (the manual: how many tasks, or how
+        long, a worker runs before it exits), counting every task it ran: it is closed, not pooled."""
+        return (task.count > 0 and self.tasks >= task.count
+                or task.live_s > 0 and asyncio.get_running_loop().time() - self.born_at >= task.live_s)
 
     async def reset(self) -> None:
         """Back to a clean session now."""

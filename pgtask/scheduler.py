@@ -621,24 +621,22 @@ class Scheduler:
     async def execute(self, task: Task, session: Session | None = None) -> None:
         """Run one task (and, within count/live, further tasks of its group on the same session);
         ``session``: the one the claim started it on (see "claim" in queries.sql)."""
-        if session is None or session.conn.closed:
-            if session is not None:
-                await self.sessions.discard(session)
-            session = None
-            task.session_pid = None  # its start function sets the pid of the session it gets
-        born = task.now  # when the session started serving this group (count/live)
-        done = 0
         spawner_max = task.max
         if task.remote is not None:
             await remote.execute(self, task)  # its own connection, driven on this event loop
             return
         try:
             while task is not None:
+                if session is not None and session.conn.closed:
+                    await self.sessions.discard(session)
+                    session = None
+                    task.session_pid = None  # its start function sets the pid of the session it gets
                 if session is None:
                     session = await self.open_session(task)
                     if session is None:
                         return
                 self.inflight[task.id] = (task, session)
+                session.starts(task)
                 try:
                     output, error = await run_input(
                         session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
@@ -665,17 +663,23 @@ class Scheduler:
                     session = None
                     await self.failed_in_service(task, exc)
                     return
-                done += 1
+                session.tasks += 1
                 keep_session = task.save
-                finished, offerable = task, not self._keeps_session(task)
+                # a session that lived out count/live ends, as the manual's worker exits
+                spent = session.spent(task)
+                finished, offerable = task, not spent and not self._keeps_session(task)
                 if offerable:
                     self.finishing[task.id] = session  # see _offers
                 try:
-                    task = await self.complete(task, output, error, spawner_max, done, born)
+                    task = await self.complete(task, output, error, spawner_max, session.tasks, session.born,
+                                               more=not spent)
                 finally:
                     if offerable and self.finishing.pop(finished.id, None) is None:
                         session = None  # the pass that wrote its finish started another task on it
-                if keep_session and task is not None:
+                if spent:
+                    await self.sessions.discard(session)
+                    session = None
+                elif keep_session and task is not None:
                     session.needs_reset = False  # save: the group's next task inherits the session as is
         finally:
             if session is not None:
@@ -722,11 +726,11 @@ class Scheduler:
             return False
 
     async def complete(self, task: Task, output: str | None, error: str | None, spawner_max: int, done: int,
-                       born) -> Task | None:
+                       born, more: bool = True) -> Task | None:
         """After a run: finish the task and return the group's next task for the same session
-        (within count/live), or None. A run cancelled by SIGTERM's grace deadline is put back --
-        unless its input succeeded all the same (it ended just then, or handled the cancel): its
-        work is committed, and it is finished as any other.
+        (within count/live, unless not ``more``), or None. A run cancelled by SIGTERM's grace
+        deadline is put back -- unless its input succeeded all the same (it ended just then, or
+        handled the cancel): its work is committed, and it is finished as any other.
 
         Within count/live the finish and the next task's claim hold the control lock, so a claim
         pass cannot hand that task to another session in between (the manual's task_live); a
@@ -747,7 +751,7 @@ class Scheduler:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.next_of_group(task, spawner_max, done, born)
+                    return await self.next_of_group(task, spawner_max, done, born) if more else None
             await finishing
             return None
         await self.finish(task, output, error)
