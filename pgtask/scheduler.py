@@ -208,6 +208,7 @@ class Scheduler:
         # service's control backend has them: read by every claim pass (see "next")
         self.error_style = DEFAULT_STYLE
         self.conf_loaded = None  # the control backend's pg_conf_load_time(): see claim_pass
+        self.settings_mark = None  # the database and role settings' fingerprint: see settings_seen
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
@@ -477,8 +478,9 @@ class Scheduler:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
-            next_in, due, conf_loaded, *style = loader.load_row(0, tuple)
+            next_in, due, settings_mark, conf_loaded, *style = loader.load_row(0, tuple)
         self.error_style = ErrorStyle.of(style)
+        self.settings_seen(settings_mark)  # before the claimed tasks take their sessions
         if conf_loaded != self.conf_loaded:  # the server's configuration was read again
             if self.conf_loaded is not None:
                 self.sessions.config_reloaded()
@@ -627,7 +629,7 @@ class Scheduler:
             return
         try:
             while task is not None:
-                if session is not None and session.conn.closed:
+                if session is not None and (session.conn.closed or session.stale):  # stale: see settings_seen
                     await self.sessions.discard(session)
                     session = None
                     task.session_pid = None  # its start function sets the pid of the session it gets
@@ -1109,9 +1111,23 @@ class Scheduler:
             return None
         if row is None:
             return None
+        self.settings_seen(row["settings_mark"])  # a stale session leaves its task to a new one
         nxt = Task.from_row(row)
         self.inflight[nxt.id] = (nxt, None)
         return nxt
+
+    def settings_seen(self, mark: int) -> None:
+        """``mark``: the fingerprint of the ALTER DATABASE / ALTER ROLE settings that reach this
+        database's sessions (settings_mark in queries.sql), read by every claim pass and count/live
+        claim. When it moves, the pooled sessions, which started with the old settings, are retired:
+        a task claimed after the change committed runs with the new ones, as on the manual's new
+        backend per task."""
+        if mark != self.settings_mark:
+            if self.settings_mark is not None:
+                log.info("%s: database or role settings changed; executor sessions open now are retired",
+                         self.entry.label())
+                self.sessions.settings_changed()
+            self.settings_mark = mark
 
     async def reset_orphans(self) -> None:
         async with self.control_lock:
