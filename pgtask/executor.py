@@ -167,13 +167,16 @@ RESET_SESSION = f"{_RESET_STATEMENTS}; SELECT {_UNLOCK}"
 
 
 class Reloads:
-    """How many times the service saw the server read its configuration again: shared by a pool's
-    sessions, each of which reads its error style again when the count moved (Session.style)."""
+    """How many times the service saw the server read its configuration again (``count``), shared
+    by a pool's sessions, each of which reads its error style again when the count moved
+    (Session.style); and how many times the ALTER DATABASE / ALTER ROLE settings that reach them
+    changed (``settings``): a session that started before the last change is retired (Session.stale)."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "settings")
 
     def __init__(self) -> None:
         self.count = 0
+        self.settings = 0
 
 
 class Session(Connection):
@@ -200,6 +203,12 @@ class Session(Connection):
         self.error_style = DEFAULT_STYLE  # how its tasks' errors are written: see style
         self.reloads = reloads  # the pool's count of configuration reloads (SessionPool)
         self.style_reloads = -1  # that count when error_style was read
+        self.settings_seen = reloads.settings  # the database and role settings it started with
+        # count/live, as the manual's worker counts them: tasks run, when the first of them was
+        # claimed (the database's clock, for claim_next) and started (the loop's, for spent)
+        self.tasks = 0
+        self.born = None
+        self.born_at = 0.0
 
     @classmethod
     async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
@@ -224,6 +233,23 @@ class Session(Connection):
         cur = self.conn.cursor(row_factory=psycopg.rows.tuple_row)
         self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
         self.style_reloads = reloads
+
+    @property
+    def stale(self) -> bool:
+        """Whether ALTER DATABASE / ALTER ROLE settings changed since it started (it still has the
+        old ones: a backend reads them once): it runs no more tasks."""
+        return self.settings_seen != self.reloads.settings
+
+    def starts(self, task: Task) -> None:
+        """``task`` runs on it: the first one starts its life (see spent)."""
+        if not self.tasks:
+            self.born, self.born_at = task.now, asyncio.get_running_loop().time()
+
+    def spent(self, task: Task) -> bool:
+        """Whether it has lived out ``task``'s count or live (the manual: how many tasks, or how
+        long, a worker runs before it exits), counting every task it ran: it is closed, not pooled."""
+        return (task.count > 0 and self.tasks >= task.count
+                or task.live_s > 0 and asyncio.get_running_loop().time() - self.born_at >= task.live_s)
 
     async def reset(self) -> None:
         """Back to a clean session now."""
@@ -283,6 +309,16 @@ class SessionPool:
         before its next task (Session.style)."""
         self.reloads.count += 1
 
+    def settings_changed(self) -> None:
+        """The ALTER DATABASE / ALTER ROLE settings that reach the sessions changed: every session
+        open now is stale (Session.stale) -- the idle ones are closed now, those running a task
+        when it ends -- and the next task gets a new one, which reads them."""
+        self.reloads.settings += 1
+        for pool in self.idle.values():
+            for session in pool:
+                self._chore(self.discard(session), "close a stale session")
+            pool.clear()
+
     async def get(self, user: str, settings: tuple[tuple[str, str], ...] = ()) -> Session:
         """An idle session of ``user`` -- one opened with these ``settings`` if there is one (see
         group_settings), else the most recently used -- or a new one opened with them: settings
@@ -295,7 +331,8 @@ class SessionPool:
             while pool:
                 i = next((i for i in range(len(pool) - 1, -1, -1) if pool[i].settings == settings), -1)
                 session = pool.pop(i)
-                if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                if not session.conn.closed and session.pgconn.transaction_status == pq.TransactionStatus.IDLE \
+                        and not session.stale:
                     return session
                 await session.conn.close()
             room = await self._slot_room()
@@ -306,7 +343,7 @@ class SessionPool:
             else:
                 self.connecting += 1
             try:
-                session = await self._open(user, settings)
+                session = await self._open_current(user, settings)
                 self.slots.admitted(session)
                 return session
             except psycopg.OperationalError as exc:
@@ -316,6 +353,15 @@ class SessionPool:
                 refused = True
             finally:
                 self._free_slot()
+
+    async def _open_current(self, user: str, settings: tuple[tuple[str, str], ...]) -> Session:
+        """A new session (_open) that counts the database and role settings as they were before it
+        connected: a change that lands while it connects may have missed its backend, which is
+        then stale (Session.stale)."""
+        seen = self.reloads.settings
+        session = await self._open(user, settings)
+        session.settings_seen = seen
+        return session
 
     async def _wait(self, user: str, first: bool = False) -> Session | object:
         """In line for a session of ``user`` put back or a connection slot (see the class);
@@ -453,6 +499,9 @@ class SessionPool:
     async def put(self, session: Session) -> None:
         if session.conn.closed:
             self._grant()  # its slot is free
+            return
+        if session.stale:
+            await self.discard(session)
             return
         idle = session.pgconn.transaction_status == pq.TransactionStatus.IDLE  # else get() drops it
         for entry in self.waiting if idle else ():

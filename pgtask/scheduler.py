@@ -206,6 +206,7 @@ class Scheduler:
         # service's control backend has them: read by every claim pass (see "next")
         self.error_style = DEFAULT_STYLE
         self.conf_loaded = None  # the control backend's pg_conf_load_time(): see claim_pass
+        self.settings_mark = None  # the database and role settings' fingerprint: see settings_seen
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
@@ -470,8 +471,9 @@ class Scheduler:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
-            next_in, due, conf_loaded, *style = loader.load_row(0, tuple)
+            next_in, due, settings_mark, conf_loaded, *style = loader.load_row(0, tuple)
         self.error_style = ErrorStyle.of(style)
+        self.settings_seen(settings_mark)  # before the claimed tasks take their sessions
         if conf_loaded != self.conf_loaded:  # the server's configuration was read again
             if self.conf_loaded is not None:
                 self.sessions.config_reloaded()
@@ -614,24 +616,22 @@ class Scheduler:
     async def execute(self, task: Task, session: Session | None = None) -> None:
         """Run one task (and, within count/live, further tasks of its group on the same session);
         ``session``: the one the claim started it on (see "claim" in queries.sql)."""
-        if session is None or session.conn.closed:
-            if session is not None:
-                await self.sessions.discard(session)
-            session = None
-            task.session_pid = None  # its start function sets the pid of the session it gets
-        born = task.now  # when the session started serving this group (count/live)
-        done = 0
         spawner_max = task.max
         if task.remote is not None:
             await remote.execute(self, task)  # its own connection, driven on this event loop
             return
         try:
             while task is not None:
+                if session is not None and (session.conn.closed or session.stale):  # stale: see settings_seen
+                    await self.sessions.discard(session)
+                    session = None
+                    task.session_pid = None  # its start function sets the pid of the session it gets
                 if session is None:
                     session = await self.open_session(task)
                     if session is None:
                         return
                 self.inflight[task.id] = (task, session)
+                session.starts(task)
                 try:
                     output, error = await run_input(
                         session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
@@ -658,17 +658,23 @@ class Scheduler:
                     session = None
                     await self.failed_in_service(task, exc)
                     return
-                done += 1
+                session.tasks += 1
                 keep_session = task.save
-                finished, offerable = task, not self._keeps_session(task)
+                # a session that lived out count/live ends, as the manual's worker exits
+                spent = session.spent(task)
+                finished, offerable = task, not spent and not self._keeps_session(task)
                 if offerable:
                     self.finishing[task.id] = session  # see _offers
                 try:
-                    task = await self.complete(task, output, error, spawner_max, done, born)
+                    task = await self.complete(task, output, error, spawner_max, session.tasks, session.born,
+                                               more=not spent)
                 finally:
                     if offerable and self.finishing.pop(finished.id, None) is None:
                         session = None  # the pass that wrote its finish started another task on it
-                if keep_session and task is not None:
+                if spent:
+                    await self.sessions.discard(session)
+                    session = None
+                elif keep_session and task is not None:
                     session.needs_reset = False  # save: the group's next task inherits the session as is
         finally:
             if session is not None:
@@ -722,11 +728,11 @@ class Scheduler:
             return False
 
     async def complete(self, task: Task, output: str | None, error: str | None, spawner_max: int, done: int,
-                       born) -> Task | None:
+                       born, more: bool = True) -> Task | None:
         """After a run: finish the task and return the group's next task for the same session
-        (within count/live), or None. A run cancelled by SIGTERM's grace deadline is put back --
-        unless its input succeeded all the same (it ended just then, or handled the cancel): its
-        work is committed, and it is finished as any other.
+        (within count/live, unless not ``more``), or None. A run cancelled by SIGTERM's grace
+        deadline is put back -- unless its input succeeded all the same (it ended just then, or
+        handled the cancel): its work is committed, and it is finished as any other.
 
         Within count/live the finish and the next task's claim hold the control lock, so a claim
         pass cannot hand that task to another session in between (the manual's task_live); a
@@ -747,7 +753,7 @@ class Scheduler:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.next_of_group(task, spawner_max, done, born)
+                    return await self.next_of_group(task, spawner_max, done, born) if more else None
             await finishing
             return None
         await self.finish(task, output, error)
@@ -1103,9 +1109,23 @@ class Scheduler:
             return None
         if row is None:
             return None
+        self.settings_seen(row["settings_mark"])  # a stale session leaves its task to a new one
         nxt = Task.from_row(row)
         self.inflight[nxt.id] = (nxt, None)
         return nxt
+
+    def settings_seen(self, mark: int) -> None:
+        """``mark``: the fingerprint of the ALTER DATABASE / ALTER ROLE settings that reach this
+        database's sessions (settings_mark in queries.sql), read by every claim pass and count/live
+        claim. When it moves, the pooled sessions, which started with the old settings, are retired:
+        a task claimed after the change committed runs with the new ones, as on the manual's new
+        backend per task."""
+        if mark != self.settings_mark:
+            if self.settings_mark is not None:
+                log.info("%s: database or role settings changed; executor sessions open now are retired",
+                         self.entry.label())
+                self.sessions.settings_changed()
+            self.settings_mark = mark
 
     async def reset_orphans(self) -> None:
         async with self.control_lock:

@@ -128,7 +128,7 @@ WITH s AS (
 )
 UPDATE {table} t SET "state" = 'TAKE', "attempt" = t."attempt" + 1, "lease" = {@lease}
 FROM s WHERE t."id" = s."id"
-RETURNING {task_columns}
+RETURNING {task_columns}, ({@settings_mark}) AS settings_mark
 
 -- work --
 UPDATE {table} SET "state" = 'WORK', "start" = statement_timestamp(), "pid" = %(pid)s
@@ -258,14 +258,24 @@ UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 
     "pid" = CASE WHEN t."state" = 'STOP' THEN t."pid" END
 FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
 
+-- settings_mark --
+-- A fingerprint of the ALTER DATABASE / ALTER ROLE settings that reach a session of this database:
+-- a session reads them once, when it starts, so when this moves the pooled sessions are retired
+-- (SessionPool.settings_changed). One scan of a small catalog, read by statements that run anyway.
+SELECT coalesce(sum(hashtext(s.setrole::text || ' ' || s.setdatabase::text || ' ' || s.setconfig::text)), 0)
+FROM pg_catalog.pg_db_role_setting s
+WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database()))
+
 -- next --
--- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max); then
--- when this backend last read the server's configuration (a reload: the sessions' error style is
--- read again, see Session.style) and the error style in force here (remote tasks' errors).
+-- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max); the
+-- settings' fingerprint (settings_mark); then when this backend last read the server's
+-- configuration (a reload: the sessions' error style is read again, see Session.style) and the
+-- error style in force here (remote tasks' errors).
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                           - statement_timestamp())::float8,
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
+       ({@settings_mark}),
        pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
 
 -- statistics --

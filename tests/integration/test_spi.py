@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from support import spi_on, wait_for
+from support import sessions_reset_and_idle, spi_on, wait_for
 
 # One input per row of the manual's restriction table (and then some), run in both modes.
 TABLE = {
@@ -157,3 +157,23 @@ def test_role_setting_and_bad_value(db, service_factory, execute_as):
                                          'HINT:  "pg_task.spi" requires a Boolean value')
     finally:
         db.execute(f"ALTER ROLE {erin} RESET pg_task.spi")
+
+
+def test_spi_switched_on_while_running_writes_pg_tasks_errors(db, service):
+    """ALTER DATABASE ... SET pg_task.spi = on while the service runs: the next tasks run in SPI mode
+    -- also on a session pooled before -- and their errors are pg_task's SPI text: the statement's
+    CONTEXT line (a timeout too), SPI_ERROR_COPY for COPY to the client or from it."""
+    before = db.wait_state(db.insert("SELECT 1/0 AS a"))
+    assert before["error"] == "ERROR:  division by zero\nSTATEMENT:  SELECT 1/0 AS a"
+    wait_for(lambda: sessions_reset_and_idle(db, "pid = %s", (before["pid"],)) == 1,
+             message="the task's session back in the pool")
+    spi_on(db)
+    cases = [("SELECT 1/0 AS a", {}, 'ERROR:  division by zero\nCONTEXT:  SQL statement "SELECT 1/0 AS a"'),
+             ("SELECT pg_sleep(2) AS a", {"timeout": "1 sec"},
+              ('ERROR:  canceling statement due to statement timeout\n'
+               'CONTEXT:  SQL statement "SELECT pg_sleep(2) AS a"')),
+             ("COPY (SELECT 1) TO STDOUT", {}, "ERROR:  SPI_ERROR_COPY"),
+             ("COPY task FROM STDIN", {}, "ERROR:  SPI_ERROR_COPY")]
+    for text, columns, error in cases:  # one at a time: each may take the session pooled before
+        row = db.wait_state(db.insert(text, **columns))
+        assert (row["state"], row["output"], row["error"]) == ("FAIL", "", f"{error}\nSTATEMENT:  {text}"), row
