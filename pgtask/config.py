@@ -77,6 +77,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "reset_check": (float, 2.0),     # seconds between orphan checks (executor gone)
     "connecting": (int, 4),          # executor sessions being opened at once per scheduler, at most
     "processes": (int, 1),           # service processes claiming and running tasks (supervisor.Workers)
+    "input_budget": (int, 64 * 1024 * 1024),  # bytes of large task input held at once per process (inputs.py)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)
     "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
     "schedule_batch": (int, 100),        # schedules per pass
@@ -91,6 +92,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
 SERVICE_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "grace": (0, None, True), "embedded_port": (1, 65535, True), "output_limit": (0, None, True),
     "reset_check": (0, None, False), "connecting": (1, None, True), "processes": (1, None, True),
+    "input_budget": (0, None, True),
     "schedule_interval": (0, None, False), "schedule_batch": (1, None, True),
     "retention_interval": (0, None, False), "retention_batch": (1, None, True),
     "key_interval": (0, None, False), "key_batch": (1, None, True),

@@ -20,6 +20,7 @@ from . import config as cfgmod
 from . import provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
+from .inputs import Budget
 from .scheduler import Options, Scheduler, without_timeouts
 
 log = logging.getLogger("pgtask.supervisor")
@@ -322,6 +323,7 @@ class Supervisor:
         self.reload_event = asyncio.Event()
         self.worker = worker_from_env()  # (i, n) in a worker process (see Workers), None in the first
         self.workers: Workers | None = None  # the first process's workers
+        self.inputs = Budget(cfg.svc("input_budget"))  # shared by this process's schedulers
 
     def place(self) -> tuple[int, int]:
         """(this process's index, the service's process count)."""
@@ -334,11 +336,12 @@ class Supervisor:
                        limit=int(values["pg_task.limit"]),
                        reset_check=reset_check, output_limit=self.cfg.svc("output_limit"),
                        execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"),
-                       connecting=self.cfg.svc("connecting"),
+                       connecting=self.cfg.svc("connecting"), inputs=self.inputs,
                        maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS} if index == 0 else None)
 
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
+        self.inputs.resize(self.cfg.svc("input_budget"))
         entries = {e.key: e for e in resolved.entries}
         options = {key: self.options(e, resolved.values) for key, e in entries.items()}
         wanted = {key: e for key, e in entries.items() if options[key].run > 0}  # see run_share
