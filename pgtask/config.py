@@ -80,6 +80,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "remote_attempts": (int, 6),     # connections a remote task tries while each fails before its input is sent
     "remote_backoff": (float, 1.0),  # s before the second of them; doubling, at most 60 s (remote.py)
     "processes": (int, 1),           # service processes claiming and running tasks (supervisor.Workers)
+    "input_budget": (int, 64 * 1024 * 1024),  # bytes of large task input held at once per process (inputs.py)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)
     "schedule_interval": (float, 1.0),   # seconds between schedule passes at most (a change wakes it)
     "schedule_batch": (int, 100),        # schedules per pass
@@ -95,6 +96,7 @@ SERVICE_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "grace": (0, None, True), "embedded_port": (1, 65535, True), "output_limit": (0, None, True),
     "reset_check": (0, None, False), "connecting": (1, None, True), "processes": (1, None, True),
     "max_sessions": (0, None, True), "remote_attempts": (1, None, True), "remote_backoff": (0, 3600, False),
+    "input_budget": (0, None, True),
     "schedule_interval": (0, None, False), "schedule_batch": (1, None, True),
     "retention_interval": (0, None, False), "retention_batch": (1, None, True),
     "key_interval": (0, None, False), "key_batch": (1, None, True),

@@ -27,6 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import spi as spi_mode
 from . import wire
+from .inputs import INLINE
 from .output import DEFAULT_STYLE, ErrorStyle, Format, Output, format_error, reason, simple_error
 from .provision import function_name
 from .slots import Slots, refused_for_slots
@@ -60,6 +61,7 @@ class Task:
     live_s: float
     delete: bool
     repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
+    input_bytes: int | None = None  # the input's size; input is None when it is larger than inputs.INLINE
     now: object = None
     session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
     by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (Scheduler.finish)
@@ -95,9 +97,12 @@ def _format(delimiter: str, quote: str, escape: str, null: str, header: bool, st
     return Format(delimiter=delimiter, quote=quote, escape=escape, null=null, header=header, string=string)
 
 
+_COPY = re.compile("copy", re.IGNORECASE)
+
+
 def refused_copy(text: str) -> str | None:
     """Local input may not use COPY ... FROM STDIN / TO STDOUT (there is no client to stream to)."""
-    if "copy" not in text.lower():
+    if _COPY.search(text) is None:
         return None  # a keyword cannot be quoted, escaped or split: no COPY statement (skips the parse)
     try:
         statements = pglast.parse_sql(text)
@@ -674,9 +679,10 @@ _OWN_TRIP = re.compile(
 
 
 def one_trip(session: Session, text: str, spi_default: bool) -> bool:
-    """Whether the task's input can follow its preamble in the same round trip (see one_trip_preamble)."""
-    return (session.spi_known and not spi_mode.use_spi(session.spi, spi_default)[0]
-            and text.strip() != "" and _OWN_TRIP.search(text) is None)
+    """Whether the task's input can follow its preamble in the same round trip (see
+    one_trip_preamble). A large input takes two: it is sent as it is, not copied behind a preamble."""
+    return (len(text) <= INLINE and session.spi_known and not spi_mode.use_spi(session.spi, spi_default)[0]
+            and not text.isspace() and text != "" and _OWN_TRIP.search(text) is None)
 
 
 def one_trip_preamble(task: Task, schema: str, table: str, oid: int, session: Session,

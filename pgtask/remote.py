@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
 from .executor import Connection, NotStarted, Task, connection_settings, group_settings
+from .inputs import Held
 from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, reason, simple_error
 
 if TYPE_CHECKING:
@@ -271,8 +272,9 @@ async def execute(sched: Scheduler, task: Task) -> None:
                     return
             sched.inflight[task.id] = (task, remote)
             try:
-                output, error = await run(remote, task, sched.options.output_limit,
-                                          started=sched.start_work(task, remote.pid), style=sched.error_style)
+                async with Held(sched.options.inputs, task, sched.read_input) as held:
+                    output, error = await run(remote, task, sched.options.output_limit,
+                                              started=sched.start_work(task, remote.pid), style=sched.error_style)
             except NotStarted:
                 await sched.not_started(task)
                 return
@@ -298,7 +300,10 @@ async def execute(sched: Scheduler, task: Task) -> None:
             tries = 1
             finished = task
             task = await sched.complete(finished, output, error, spawner_max, done, born)
-            if task is not None and not finished.save and remote is not None:
+            if task is not None and not finished.save and remote is not None and held.large:
+                await remote.close()  # libpq keeps the buffer the input went out in while it lives
+                remote = None
+            elif task is not None and not finished.save and remote is not None:
                 err = await _discard(remote)
                 if err is not None:
                     log.warning("task %s: DISCARD ALL failed (%s); reconnecting", finished.id, err)

@@ -30,8 +30,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import provision, remote, wire
 from . import sql as named
-from .config import Entry
+from .config import SERVICE_KEYS, Entry
 from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
+from .inputs import INLINE, Budget, Held
 from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
@@ -40,8 +41,11 @@ from .supervise import supervised
 
 log = logging.getLogger("pgtask.scheduler")
 
-TASK_COLUMNS = """t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user", t."input",
-    t."repeat" > '0 sec' AS repeats,
+# An input larger than inputs.INLINE is left out (octet_length reads a TOASTed value's size without
+# detoasting it): it is read when its budget allows (inputs.Held, Scheduler.read_input).
+TASK_COLUMNS = f"""t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user",
+    CASE WHEN octet_length(t."input") <= {INLINE} THEN t."input" END AS input,
+    octet_length(t."input") AS input_bytes, t."repeat" > '0 sec' AS repeats,
     least(extract(epoch FROM t."timeout")::int8 * 1000, 2147483647)::int4 AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
     t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
@@ -134,6 +138,8 @@ class Options:
     max_sessions: int = 0  # executor sessions open at once, at most; 0: derived from the server (slots.py)
     remote_attempts: int = 6  # connections a remote task tries while each fails before its input is sent
     remote_backoff: float = 1.0  # seconds before the second of them, doubling (see remote.again)
+    # the process's budget for large inputs (shared by its schedulers: see inputs.py)
+    inputs: Budget = field(default_factory=lambda: Budget(SERVICE_KEYS["input_budget"][1]))
     # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
     maintenance: dict[str, Any] | None = field(default_factory=dict)
 
@@ -633,9 +639,11 @@ class Scheduler:
                 self.inflight[task.id] = (task, session)
                 session.starts(task)
                 try:
-                    output, error = await run_input(
-                        session, task, self.entry.schema, self.entry.table, self.oid, self.options.output_limit,
-                        spi=self.entry.spi, start_work=functools.partial(self.start_work, task, session.pid))
+                    async with Held(self.options.inputs, task, self.read_input) as held:
+                        output, error = await run_input(
+                            session, task, self.entry.schema, self.entry.table, self.oid,
+                            self.options.output_limit, spi=self.entry.spi,
+                            start_work=functools.partial(self.start_work, task, session.pid))
                 except NotStarted:
                     await self.not_started(task)
                     return
@@ -660,8 +668,9 @@ class Scheduler:
                     return
                 session.tasks += 1
                 keep_session = task.save
-                # a session that lived out count/live ends, as the manual's worker exits
-                spent = session.spent(task)
+                # a session that lived out count/live ends, as the manual's worker exits; so does one a
+                # large input went out on: libpq keeps the buffer it went out in while the session lives
+                spent = session.spent(task) or (held.large and not keep_session)
                 finished, offerable = task, not spent and not self._keeps_session(task)
                 if offerable:
                     self.finishing[task.id] = session  # see _offers
@@ -684,6 +693,16 @@ class Scheduler:
     def _keeps_session(task: Task) -> bool:
         """Whether the task's session may run the group's next task after it (count/live)."""
         return task.max >= 0 and (task.count > 0 or task.live_s > 0)
+
+    async def read_input(self, task: Task) -> str:
+        """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
+        a value arrived in for as long as its connection lives. NotStarted: the lease was lost."""
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            cur = await conn.execute(self.q("input"), task.fence)
+            row = await cur.fetchone()
+        if row is None or row[0] is None:
+            raise NotStarted(task.id)
+        return row[0]
 
     async def failed_in_service(self, task: Task, exc: Exception) -> None:
         """Running ``task`` failed in the service itself (a bug, not the task's input nor a lost

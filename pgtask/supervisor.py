@@ -17,9 +17,11 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from . import config as cfgmod
-from . import provision
+from . import notify, provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
+from .inputs import Budget
+from .notify import Notifier
 from .scheduler import Options, Scheduler, without_timeouts
 
 log = logging.getLogger("pgtask.supervisor")
@@ -271,20 +273,34 @@ class Workers:
 
     async def _keep(self, i: int) -> None:
         args = ["--config", str(self.config_path)] if self.config_path else []
-        env = {**os.environ, WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo}
+        env = {key: value for key, value in os.environ.items() if key not in notify.ENV}
+        env.update({WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo})
+        # Under systemd's watchdog, the first process watches its workers the same way (see notify.Pings).
+        interval = notify.watchdog_interval(os.environ)
+        if interval is not None:
+            env["WATCHDOG_USEC"] = str(round(interval * 2e6))
         while True:
+            pings = notify.Pings() if interval is not None else None
             try:
-                proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pgtask.cli", "run", *args,
-                                                            env=env, stdin=asyncio.subprocess.PIPE)
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pgtask.cli", "run", *args, env={**env, **(pings.env if pings else {})},
+                    stdin=asyncio.subprocess.PIPE)
             except OSError as exc:  # no interpreter there any more, no fork (process or memory limit)
                 log.error("worker process %d/%d could not be started (%s); trying again in %gs",
                           i, self.count, exc, self.restart_after)
             else:
                 self.procs[i] = proc
                 log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
+                if pings is not None and await pings.hung(proc, 2 * interval):
+                    log.error("worker process %d/%d (pid %d) sent no watchdog ping for %gs: killing it",
+                              i, self.count, proc.pid, 2 * interval)
+                    proc.kill()
                 code = await proc.wait()
                 log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
                           i, self.count, proc.pid, code, self.restart_after)
+            finally:
+                if pings is not None:
+                    pings.close()
             await asyncio.sleep(self.restart_after)
 
     def signal(self, sig: int) -> None:
@@ -322,6 +338,7 @@ class Supervisor:
         self.reload_event = asyncio.Event()
         self.worker = worker_from_env()  # (i, n) in a worker process (see Workers), None in the first
         self.workers: Workers | None = None  # the first process's workers
+        self.inputs = Budget(cfg.svc("input_budget"))  # shared by this process's schedulers
 
     def place(self) -> tuple[int, int]:
         """(this process's index, the service's process count)."""
@@ -336,11 +353,12 @@ class Supervisor:
                        execute_as=self.cfg.svc("execute_as"), grace=self.cfg.svc("grace"),
                        connecting=self.cfg.svc("connecting"), max_sessions=self.cfg.svc("max_sessions"),
                        remote_attempts=self.cfg.svc("remote_attempts"),
-                       remote_backoff=self.cfg.svc("remote_backoff"),
+                       remote_backoff=self.cfg.svc("remote_backoff"), inputs=self.inputs,
                        maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS} if index == 0 else None)
 
     async def apply(self) -> None:
         resolved = await resolve(self.cfg, self.conninfo)
+        self.inputs.resize(self.cfg.svc("input_budget"))
         entries = {e.key: e for e in resolved.entries}
         options = {key: self.options(e, resolved.values) for key, e in entries.items()}
         wanted = {key: e for key, e in entries.items() if options[key].run > 0}  # see run_share
@@ -436,6 +454,16 @@ class Supervisor:
         loop.add_signal_handler(signal.SIGINT, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_event.set)
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+        notifier = Notifier()
+        pinger = asyncio.create_task(notifier.watchdog(), name="watchdog")
+        try:
+            return await self._run(notifier)
+        finally:
+            pinger.cancel()
+            await asyncio.gather(pinger, return_exceptions=True)
+            notifier.close()
+
+    async def _run(self, notifier: Notifier) -> int:
         if self.worker is not None:
             self.conninfo = os.environ[WORKER_DSN_ENV]
             self._watch_first_process()
@@ -452,6 +480,8 @@ class Supervisor:
                 raise
             except psycopg.OperationalError as exc:
                 log.warning("cannot reach the server (%s); retrying in %.1fs", str(exc).strip(), backoff_delay)
+                # started all the same: it answers signals and waits for the server (no start timeout)
+                notifier.ready("waiting for the server")
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), backoff_delay)
                     return 0
@@ -460,6 +490,7 @@ class Supervisor:
         log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
                  f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
                  f", {self.workers.count} processes" if self.workers.count > 1 else "")
+        notifier.ready(f"running {len(self.schedulers)} scheduler(s)")
         while not self.stop_event.is_set():
             waiters = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.reload_event.wait())]
             _, pending = await asyncio.wait(waiters, timeout=self.conf_restart,
@@ -474,6 +505,7 @@ class Supervisor:
             log.info("re-reading configuration")
             await self.reload()
         log.info("SIGTERM: draining")
+        notifier.stopping()
         if self.workers is not None:
             self.workers.signal(signal.SIGTERM)  # they drain meanwhile
         scheds = [s for s, _ in self.schedulers.values()]

@@ -182,6 +182,11 @@ UPDATE {table} SET "state" = 'PLAN', "start" = NULL, "stop" = NULL, "pid" = NULL
 WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state"::text IN ('TAKE', 'WORK')
 RETURNING "id"
 
+-- input --
+-- A claimed task's input, left out of its claim for its size (see inputs.py); no row once its lease is lost.
+SELECT "input" FROM {table}
+WHERE "id" = %(id)s AND "attempt" = %(attempt)s AND "lease" = %(lease)s AND "state"::text IN ('TAKE', 'WORK')
+
 -- stopped --
 -- A row set to STOP whose task ended without a finish -- the STOP came before its input began, its
 -- session was lost, SIGTERM's grace period cancelled it -- gets its stop: it no longer holds its

@@ -260,6 +260,28 @@ def test_unit_stop_timeout_follows_the_effective_grace(tmp_path):
     assert load_config(tmp_path / "b" / "pgtask.toml").svc("grace") == 2.5
 
 
+def test_unit_has_the_watchdog_and_systemd_accepts_it(tmp_path):
+    """The unit waits for pgtask's READY=1 and restarts it when its watchdog pings stop
+    (pgtask_watchdog_sec; 0: off), and systemd-analyze verify finds nothing wrong with it."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("needs systemd-analyze")
+    venv = str(Path(sys.executable).parent.parent)  # ExecStart must name a program that is there
+    for name, extra, watchdog in (("a", {}, "WatchdogSec=10\n"), ("b", {"pgtask_watchdog_sec": "0"}, "WatchdogSec=0\n")):
+        out = tmp_path / name
+        run = role_play(out, "preflight", ("pgtask.service",), pgtask_venv_dir=venv, **extra)
+        assert run.rc == 0, run.output[-3000:]
+        unit = (out / "pgtask.service").read_text()
+        for line in ("Type=notify\n", "NotifyAccess=main\n", watchdog, "Restart=on-failure\n"):
+            assert line in unit, (line, unit)
+        # (a value it cannot parse is only a line naming the file: "Failed to parse ..., ignoring")
+        res = subprocess.run(["systemd-analyze", "verify", "--man=no", str(out / "pgtask.service")],
+                             check=False, capture_output=True, text=True, timeout=60)
+        problems = [line for line in (res.stdout + res.stderr).splitlines()
+                    if "pgtask.service" in line or "Unknown" in line]
+        assert res.returncode == 0 and not problems, res.stdout + res.stderr
+    preflight_refuses(role_play(tmp_path / "c", args=("-e", "pgtask_watchdog_sec=-1")), "pgtask_watchdog_sec")
+
+
 def test_numbers_from_the_command_line_render_as_numbers(tmp_path):
     out = tmp_path / "a"
     run = role_play(out, "preflight", ("pgtask.toml", "pgtask.service"),
