@@ -89,6 +89,10 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "retention_batch": (int, 1000),      # rows per DELETE (10 DELETEs per pass at most)
     "key_interval": (float, 60.0),       # seconds between idempotency-key expiry passes
     "key_batch": (int, 1000),            # reservations per DELETE
+    # metrics (pgtask/metrics.py; docs/observability.md)
+    "metrics_listen": (str, ""),         # HOST:PORT of /metrics and /healthz; "" = off
+    "metrics_groups": (int, 50),         # groups labelled by name (the busiest); the rest are "~other"
+    "metrics_refresh": (float, 10.0),    # seconds between readings of the tables' figures
 }
 # [pgtask] numbers' bounds after their type: key -> (lowest, highest, whether the lowest itself
 # is allowed); floats must also be finite.
@@ -100,10 +104,19 @@ SERVICE_BOUNDS: dict[str, tuple[float, float | None, bool]] = {
     "schedule_interval": (0, None, False), "schedule_batch": (1, None, True),
     "retention_interval": (0, None, False), "retention_batch": (1, None, True),
     "key_interval": (0, None, False), "key_batch": (1, None, True),
+    "metrics_groups": (1, None, True), "metrics_refresh": (0, None, False),
 }
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAINTENANCE_KEYS = ("schedule_interval", "schedule_batch", "retention", "retention_interval",
                     "retention_batch", "key_interval", "key_batch")
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``metrics_listen``'s "HOST:PORT" (IPv6 as "[::1]:9464"; no host: 127.0.0.1) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"pgtask.metrics_listen: expected HOST:PORT (e.g. 127.0.0.1:9464), got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
 
 ENTRY_KEYS = {"data": str, "user": str, "schema": str, "table": str, "sleep": int, "reset": str,
               "run": int, "spi": bool}
@@ -263,6 +276,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                     raise ConfigError(f"pgtask.log_level: expected one of {', '.join(LOG_LEVELS)}, got {v!r}")
                 if key == "execute_as" and v not in ("auto", "login", "set_role"):
                     raise ConfigError(f"pgtask.execute_as: expected 'auto', 'login' or 'set_role', got {v!r}")
+                if key == "metrics_listen" and v:
+                    parse_listen(v)
                 cfg.service[key] = v
         elif top in ("pg_task", "pg_conf", "pg_work"):
             if not isinstance(value, dict):

@@ -16,6 +16,7 @@ import collections
 import functools
 import logging
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ class Task:
     now: object = None
     session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
     by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (Scheduler.finish)
+    waited: float | None = None  # seconds from its plan to its claim (the database's clock)
+    claimed_at: float = field(default_factory=time.monotonic)  # the service's clock, for its run time
+    stopped: bool = False  # a STOP cancelled it while it ran
     extra: dict = field(default_factory=dict)
 
     @classmethod

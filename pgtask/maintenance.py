@@ -55,7 +55,7 @@ class MaintenanceOptions:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def _names(schema: str, table: str) -> dict[str, sql.Composable]:
+def table_names(schema: str, table: str) -> dict[str, sql.Composable]:
     from .provision import EXTRA_TABLES, _ident_name
     ids: dict[str, sql.Composable] = {"table": sql.Identifier(schema, table),
                                       "enqueue": sql.Identifier(schema, _ident_name(f"{table}_enqueue"))}
@@ -66,7 +66,7 @@ def _names(schema: str, table: str) -> dict[str, sql.Composable]:
 
 class _Queries:
     def __init__(self, schema: str, table: str):
-        self.ids = _names(schema, table)
+        self.ids = table_names(schema, table)
         self._cache: dict[str, sql.Composed] = {}
 
     def __call__(self, name: str) -> sql.Composed:

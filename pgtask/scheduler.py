@@ -35,6 +35,7 @@ from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_s
 from .inputs import INLINE, Budget, Held
 from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
+from .metrics import NO_METRICS, Sink
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
 from .slots import Slots
 from .supervise import supervised
@@ -48,7 +49,8 @@ TASK_COLUMNS = f"""t."id", t."attempt", t."lease", t."group", t."remote", t."max
     octet_length(t."input") AS input_bytes, t."repeat" > '0 sec' AS repeats,
     least(extract(epoch FROM t."timeout")::int8 * 1000, 2147483647)::int4 AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
-    t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now"""
+    t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now,
+    extract(epoch FROM statement_timestamp() - t."plan")::float8 AS waited"""
 
 
 # How the service's own statements on the task table (the control connection's, the writers') are
@@ -142,6 +144,7 @@ class Options:
     inputs: Budget = field(default_factory=lambda: Budget(SERVICE_KEYS["input_budget"][1]))
     # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
     maintenance: dict[str, Any] | None = field(default_factory=dict)
+    metrics: Sink = NO_METRICS  # what it reports (pgtask/metrics.py)
 
 
 def with_liveness(conninfo: str) -> str:
@@ -219,6 +222,8 @@ class Scheduler:
                                     connecting=options.connecting,
                                     slots=Slots(options.max_sessions, self.connection_slots))
         self.ready = asyncio.Event()
+        self.metrics = options.metrics
+        self.last_pass = 0.0  # time.monotonic() when the last claim pass ended (see health)
         self.last_expiry = 0.0
         # connection -> {statement name: what it was prepared for}: see _prepared
         self.prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -247,6 +252,20 @@ class Scheduler:
         self.maintenance = None if options.maintenance is None else Maintenance(
             self.conninfo, entry.schema, entry.table, MaintenanceOptions.from_service(options.maintenance),
             entry.label())
+
+    def health(self) -> str | None:
+        """Why this scheduler is not claiming, or None: it is connected and a claim pass ended within
+        max(2 x pg_task.sleep, 10 s) -- it runs one at least every pg_task.sleep. (Read from the
+        metrics endpoint's thread: plain attribute reads.)"""
+        if self.draining or self.stopping:
+            return f"{self.entry.label()}: draining"
+        if self.control is None or self.control.closed:
+            return f"{self.entry.label()}: not connected"
+        age = time.monotonic() - self.last_pass
+        if age > max(2 * self.options.sleep, 10.0):
+            return f"{self.entry.label()}: no claim pass for {age:.0f} s" if self.last_pass else \
+                f"{self.entry.label()}: no claim pass yet"
+        return None
 
     # -- queries -------------------------------------------------------------------------------
     def q(self, name: str) -> str:
@@ -332,7 +351,10 @@ class Scheduler:
                 timeout = self.options.sleep
                 try:
                     if not self.draining:
+                        began = time.monotonic()
                         claimed, next_in, again = await self.claim_pass()
+                        self.last_pass = time.monotonic()
+                        self.metrics.claim_pass(self.last_pass - began)
                         if next_in is not None:
                             timeout = min(timeout, max(next_in, 0.001))
                         if claimed and again:
@@ -348,9 +370,11 @@ class Scheduler:
                     delay = lost.next()
                     log.warning("%s: connection lost (%s); reconnecting in %.2fs", self.entry.label(),
                                 reason(exc), delay)
+                    self.metrics.claiming(False)
                     await self._close_control()
                     await asyncio.sleep(delay)
                     await self.connect_control()
+                    self.metrics.reconnected()
                     continue
                 except psycopg.Error as exc:
                     # The database refused a claim pass (a row of a user's making: a CHECK added NOT
@@ -359,6 +383,7 @@ class Scheduler:
                     delay = refused.next()
                     log.error("%s: a claim pass failed (%s); trying again in %.1fs", self.entry.label(),
                               str(exc).strip(), delay)
+                    self.metrics.claiming(False)
                     await asyncio.sleep(delay)
                     continue
                 if timeout > 0:
@@ -438,7 +463,8 @@ class Scheduler:
             offers: dict[int, tuple[Task, Session]] = {}
             try:
                 text = [b"BEGIN", *(await self._pass_finishes(batch))]
-                if time.monotonic() - self.last_expiry >= self.options.sleep:
+                expiring = time.monotonic() - self.last_expiry >= self.options.sleep
+                if expiring:
                     self.last_expiry = time.monotonic()
                     text.append(b"EXECUTE pgtask_expire")
                 claim = room > 0 and self.options.limit > 0
@@ -470,6 +496,8 @@ class Scheduler:
                 for _, task, _, _ in batch:
                     task.by_pass = True
                 _resolve(batch, _matched([results.pop(0)]))
+            if expiring:  # its rows come first (the rows expired: metrics)
+                self.metrics.expired(results[0].ntuples)
             loader = self.pass_loader
             if claim:
                 res = results[-2]  # the claim's rows; next's last
@@ -496,6 +524,7 @@ class Scheduler:
                 self.inflight[finished.id] = (entry[0], None)
         self.cohort.update(t.id for t in tasks)
         for task in tasks:
+            self.metrics.picked_up(task.waited)
             _, session = offers.pop(task.session_pid, (None, None))
             self.dispatch(task, session)
         for _, session in offers.values():  # offered, not taken: idle (the finish is written)
@@ -801,14 +830,16 @@ class Scheduler:
         written: see "stopped"), or its lease was lost."""
         if await self._write("stopped", task.fence) is not None:
             log.info("task %s: stopped before its input began; not running it", task.id)
+            self.metrics.finished("STOP")
         else:
             log.warning("task %s: lease lost before start (attempt %s); not running it", task.id, task.attempt)
+            self.metrics.lease_lost()
         self._release(task)
 
     async def requeue(self, task: Task) -> None:
         """Back to PLAN to run again -- or, set to STOP meanwhile, ended for good (see "stopped")."""
-        if await self._write("requeue", task.fence) is None:
-            await self._write("stopped", task.fence)
+        if await self._write("requeue", task.fence) is None and await self._write("stopped", task.fence):
+            self.metrics.finished("STOP")
         self._release(task)
 
     async def finish(self, task: Task, output: str | None, error: str | None) -> None:
@@ -820,6 +851,7 @@ class Scheduler:
             if task.id in self.inflight:
                 self.inflight[task.id] = (task, None)
             return
+        self._count_finish(task, error, bool(written))
         if alone:
             return  # released by _finish_one
         if not written:
@@ -827,6 +859,13 @@ class Scheduler:
         # written by a claim pass: that pass claimed after it, counting its room (see claim_pass),
         # and a pass now would find nothing more
         self._release(task, wake=not task.by_pass)
+
+    def _count_finish(self, task: Task, error: str | None, written: bool) -> None:
+        if not written:
+            self.metrics.lease_lost()
+            return
+        state = "STOP" if task.stopped else "DONE" if error is None else "FAIL"
+        self.metrics.finished(state, time.monotonic() - task.claimed_at)
 
     # -- group commit ----------------------------------------------------------------------------
     # Writes of tasks starting or finishing at the same time share one statement and one commit: a
@@ -1094,8 +1133,10 @@ class Scheduler:
                 log.error("task %s: finishing failed: %s", task.id, str(exc).strip())
                 retried = retried or isinstance(exc, psycopg.OperationalError)
                 continue
-            if row is None and not (retried and await self._finished_already([(task, False)])):
+            lost = row is None and not (retried and await self._finished_already([(task, False)]))
+            if lost:
                 log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
+            self._count_finish(task, params["error"], not lost)
             self._release(task)
             return
 
@@ -1130,6 +1171,7 @@ class Scheduler:
             return None
         self.settings_seen(row["settings_mark"])  # a stale session leaves its task to a new one
         nxt = Task.from_row(row)
+        self.metrics.picked_up(nxt.waited)
         self.inflight[nxt.id] = (nxt, None)
         return nxt
 
@@ -1150,6 +1192,7 @@ class Scheduler:
         async with self.control_lock:
             cur = await self.control.execute(self.q("reset"), {"oid": self.oid})
             rows = await cur.fetchall()
+        self.metrics.orphans_reset(len(rows))
         for row in rows:
             if row["state"] == "STOP":  # stopped while it ran: it ended with its service, stays STOP
                 log.warning("%s: stopped id = %s ended (its executor is gone)", self.entry.label(), row["id"])
@@ -1184,6 +1227,7 @@ class Scheduler:
         """Cancel the task's run: its row is STOP (see stop_requested), or the grace period is over."""
         entry = self.inflight.get(task_id)
         if entry and entry[1] is not None:
+            entry[0].stopped = True
             try:
                 await entry[1].cancel()
             except psycopg.Error as exc:

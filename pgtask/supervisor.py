@@ -21,6 +21,7 @@ from . import notify, provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
 from .inputs import Budget
+from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
 from .scheduler import Options, Scheduler, without_timeouts
 
@@ -253,8 +254,9 @@ class Workers:
     exits on its own is started again after pg_work.restart seconds.
     """
 
-    def __init__(self, config_path: str | None, conninfo: str):
+    def __init__(self, config_path: str | None, conninfo: str, gone: Callable[[int], None] | None = None):
         self.config_path, self.conninfo = config_path, conninfo
+        self.gone = gone  # called with a worker's pid once it has exited (metrics: process_gone)
         self.count = 1
         self.restart_after = 60.0
         self.keepers: dict[int, asyncio.Task] = {}
@@ -296,6 +298,8 @@ class Workers:
                               i, self.count, proc.pid, 2 * interval)
                     proc.kill()
                 code = await proc.wait()
+                if self.gone is not None:
+                    self.gone(proc.pid)
                 log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
                           i, self.count, proc.pid, code, self.restart_after)
             finally:
@@ -339,6 +343,7 @@ class Supervisor:
         self.worker = worker_from_env()  # (i, n) in a worker process (see Workers), None in the first
         self.workers: Workers | None = None  # the first process's workers
         self.inputs = Budget(cfg.svc("input_budget"))  # shared by this process's schedulers
+        self.monitoring: Monitoring | None = None  # [pgtask] metrics_listen
 
     def place(self) -> tuple[int, int]:
         """(this process's index, the service's process count)."""
@@ -354,6 +359,7 @@ class Supervisor:
                        connecting=self.cfg.svc("connecting"), max_sessions=self.cfg.svc("max_sessions"),
                        remote_attempts=self.cfg.svc("remote_attempts"),
                        remote_backoff=self.cfg.svc("remote_backoff"), inputs=self.inputs,
+                       metrics=self.monitoring.sink(entry) if self.monitoring is not None else NO_METRICS,
                        maintenance={k: self.cfg.svc(k) for k in cfgmod.MAINTENANCE_KEYS} if index == 0 else None)
 
     async def apply(self) -> None:
@@ -390,6 +396,8 @@ class Supervisor:
                     await asyncio.gather(current[1], return_exceptions=True)
                     await current[0].close()
                 self.start_scheduler(entry, options[key])
+        if self.monitoring is not None:
+            self.monitoring.track(self.conninfo, entries.values())
         self.restart_after = float(resolved.values["pg_work.restart"])
         self.conf_restart = float(resolved.values["pg_conf.restart"])
         if self.workers is not None:
@@ -418,6 +426,16 @@ class Supervisor:
                 fresh = Scheduler(sched.entry, self.conninfo, sched.options)
                 self.schedulers[sched.entry.key] = (fresh, asyncio.current_task())
                 sched = fresh
+
+    def health(self) -> list[str]:
+        """What keeps the service from claiming (the metrics endpoint's /healthz): a scheduler not
+        connected or without a recent claim pass, a worker process not running."""
+        problems = [p for sched, _ in list(self.schedulers.values()) if (p := sched.health())]
+        if self.workers is not None:
+            problems += [f"worker process {i}/{self.workers.count} is not running"
+                         for i in range(1, self.workers.count)
+                         if (proc := self.workers.procs.get(i)) is None or proc.returncode is not None]
+        return problems
 
     async def reload(self) -> None:
         try:
@@ -464,12 +482,16 @@ class Supervisor:
             notifier.close()
 
     async def _run(self, notifier: Notifier) -> int:
+        if self.cfg.svc("metrics_listen"):
+            self.monitoring = Monitoring(self.cfg.svc("metrics_listen"), self.worker is None, self.health,
+                                         self.cfg.svc("metrics_groups"), self.cfg.svc("metrics_refresh"))
         if self.worker is not None:
             self.conninfo = os.environ[WORKER_DSN_ENV]
             self._watch_first_process()
         else:
             self.conninfo, self.cluster = await asyncio.to_thread(base_conninfo, self.cfg)
-            self.workers = Workers(self.config_path, self.conninfo)
+            self.workers = Workers(self.config_path, self.conninfo,
+                                   self.monitoring.process_gone if self.monitoring is not None else None)
         self.restart_after, self.conf_restart = 60.0, 60.0
         backoff_delay = 0.1
         while True:
@@ -514,6 +536,8 @@ class Supervisor:
         await asyncio.gather(*(s.close() for s in scheds), return_exceptions=True)
         if self.workers is not None:
             await self.workers.stop(self.cfg.svc("grace"))
+        if self.monitoring is not None:
+            await self.monitoring.close()
         if self.cluster is not None:
             log.info("stopping the embedded PostgreSQL")
             await asyncio.to_thread(self.cluster.stop, "fast")

@@ -33,6 +33,7 @@ WITH e AS (
 UPDATE {table} t SET "state" = 'GONE', "start" = statement_timestamp(), "stop" = statement_timestamp(),
     "error" = 'ERROR:  task not active'
 FROM e WHERE t."id" = e."id"
+RETURNING t."id"
 
 -- claim --
 -- Claim due PLAN rows by remaining group capacity, then id (the manual's order): a group

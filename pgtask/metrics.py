@@ -1,0 +1,430 @@
+"""Prometheus metrics and the health endpoint (``[pgtask] metrics_listen``).
+
+Three parts, each with its own state:
+- ``EntryMetrics``: what one scheduler reports as it goes (claim passes, finishes, lease lost,
+  orphans, reconnects, whether it claims) -- counters and histograms of prometheus-client in
+  multiprocess mode, so the worker processes' figures add up in the first process's endpoint.
+  A scheduler without metrics gets ``NO_METRICS``, which does nothing.
+- ``TableStats``: the first process reads each entry's table (rows by state and group, the oldest
+  due row, executor sessions, schedule lag) every ``metrics_refresh`` seconds on a connection of its
+  own; a scrape serves the last reading and never queries the database.
+- ``Endpoint``: ``GET /metrics`` and ``GET /healthz`` on a thread of its own (prometheus-client's
+  WSGI app and server), so a busy event loop does not hold up a scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from . import sql as named
+from .config import ConfigError, Entry, parse_listen
+from .maintenance import table_names
+
+log = logging.getLogger("pgtask.metrics")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+OTHER_GROUPS = "~other"  # the groups beyond metrics_groups, summed
+ALL_GROUPS = "~all"      # finished rows are counted for the whole table (see metrics.sql "ended")
+ENTRY_LABELS = ("data", "schema", "table")
+# seconds: from a millisecond claim to a task that waited an hour for its plan
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+                900, 3600)
+PASS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+
+
+class Sink(Protocol):
+    """What a scheduler reports (``Scheduler.options.metrics``)."""
+
+    def claim_pass(self, seconds: float) -> None: ...
+    def claiming(self, up: bool) -> None: ...
+    def picked_up(self, waited: float) -> None: ...
+    def finished(self, state: str, ran: float | None = None) -> None: ...
+    def expired(self, count: int) -> None: ...
+    def lease_lost(self) -> None: ...
+    def orphans_reset(self, count: int) -> None: ...
+    def reconnected(self) -> None: ...
+
+
+class NoMetrics:
+    """The sink of a service without metrics_listen: nothing is counted."""
+
+    def claim_pass(self, seconds: float) -> None:
+        pass
+
+    def claiming(self, up: bool) -> None:
+        pass
+
+    def picked_up(self, waited: float) -> None:
+        pass
+
+    def finished(self, state: str, ran: float | None = None) -> None:
+        pass
+
+    def expired(self, count: int) -> None:
+        pass
+
+    def lease_lost(self) -> None:
+        pass
+
+    def orphans_reset(self, count: int) -> None:
+        pass
+
+    def reconnected(self) -> None:
+        pass
+
+
+NO_METRICS = NoMetrics()
+
+
+def entry_labels(entry: Entry) -> tuple[str, str, str]:
+    return entry.data, entry.schema, entry.table
+
+
+class Families:
+    """The process's own metrics (prometheus-client objects, registered nowhere: in multiprocess
+    mode their values live in files of MULTIPROC_ENV's directory, which the endpoint reads)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, (*ENTRY_LABELS, *extra), registry=None)
+
+        self.finished = counter("pgtask_finished", "Tasks this service ended, by the state it wrote", "state")
+        self.lease_lost = counter("pgtask_lease_lost", "Results dropped: the row was claimed again meanwhile")
+        self.orphans = counter("pgtask_orphans_reset", "Rows of a dead service reset (or ended, if STOP)")
+        self.reconnects = counter("pgtask_reconnects", "Control connections opened again after a loss")
+        self.pickup = Histogram("pgtask_pickup_seconds", "From a task's plan to its claim",
+                                ENTRY_LABELS, buckets=WAIT_BUCKETS, registry=None)
+        self.run = Histogram("pgtask_run_seconds", "From a task's claim to its finish",
+                             ENTRY_LABELS, buckets=WAIT_BUCKETS, registry=None)
+        self.claim_pass = Histogram("pgtask_claim_pass_seconds", "One claim pass, its round trip included",
+                                    ENTRY_LABELS, buckets=PASS_BUCKETS, registry=None)
+        # the least over the service's processes: one that stopped claiming shows
+        self.up = Gauge("pgtask_scheduler_up", "1 while connected and claiming", ENTRY_LABELS,
+                        registry=None, multiprocess_mode="livemin")
+        self.last_claim = Gauge("pgtask_last_claim_timestamp_seconds", "When the last claim pass ended",
+                                ENTRY_LABELS, registry=None, multiprocess_mode="livemin")
+
+
+class EntryMetrics:
+    """One scheduler's sink: the families with its entry's labels bound."""
+
+    def __init__(self, families: Families, entry: Entry):
+        labels = entry_labels(entry)
+        self._finished = {state: families.finished.labels(*labels, state)
+                          for state in ("DONE", "FAIL", "GONE", "STOP")}
+        self._lease_lost = families.lease_lost.labels(*labels)
+        self._orphans = families.orphans.labels(*labels)
+        self._reconnects = families.reconnects.labels(*labels)
+        self._pickup = families.pickup.labels(*labels)
+        self._run = families.run.labels(*labels)
+        self._pass = families.claim_pass.labels(*labels)
+        self._up = families.up.labels(*labels)
+        self._last_claim = families.last_claim.labels(*labels)
+        self._up.set(0)
+
+    def claim_pass(self, seconds: float) -> None:
+        self._pass.observe(seconds)
+        self._last_claim.set(time.time())
+        self._up.set(1)
+
+    def claiming(self, up: bool) -> None:
+        self._up.set(1 if up else 0)
+
+    def picked_up(self, waited: float) -> None:
+        self._pickup.observe(max(waited, 0.0))
+
+    def finished(self, state: str, ran: float | None = None) -> None:
+        self._finished[state].inc()
+        if ran is not None:
+            self._run.observe(ran)
+
+    def expired(self, count: int) -> None:
+        if count:
+            self._finished["GONE"].inc(count)
+
+    def lease_lost(self) -> None:
+        self._lease_lost.inc()
+
+    def orphans_reset(self, count: int) -> None:
+        if count:
+            self._orphans.inc(count)
+
+    def reconnected(self) -> None:
+        self._reconnects.inc()
+
+
+# -- the table's figures (first process) ---------------------------------------------------------
+@dataclass
+class Reading:
+    """One reading of an entry's table (TableStats.refresh)."""
+
+    tasks: dict[tuple[str, str], float] = field(default_factory=dict)  # (group, state) -> rows
+    due: dict[str, float] = field(default_factory=dict)                 # group -> due PLAN rows
+    oldest_due: dict[str, float] = field(default_factory=dict)          # group -> seconds
+    sessions: dict[str, float] = field(default_factory=dict)            # role -> sessions
+    schedule_lag: dict[str, float] = field(default_factory=dict)        # schedule -> seconds
+
+
+def fold_groups(queue: list[tuple], running: list[tuple], keep: int) -> Reading:
+    """The reading's per-group figures, the ``keep`` busiest groups (rows queued or running, then
+    by name) by name and the rest summed into OTHER_GROUPS (the oldest due: the oldest of them)."""
+    busy: dict[str, float] = {}
+    for group, planned, _, _ in queue:
+        busy[group] = busy.get(group, 0) + planned
+    for group, _, count in running:
+        busy[group] = busy.get(group, 0) + count
+    kept = {g for g, _ in sorted(busy.items(), key=lambda item: (-item[1], item[0]))[:keep]}
+
+    def name(group: str) -> str:
+        return group if group in kept else OTHER_GROUPS
+
+    reading = Reading()
+    for group, planned, due, oldest in queue:
+        g = name(group)
+        reading.tasks[(g, "PLAN")] = reading.tasks.get((g, "PLAN"), 0) + planned
+        reading.due[g] = reading.due.get(g, 0) + due
+        if oldest is not None:
+            reading.oldest_due[g] = max(reading.oldest_due.get(g, 0.0), oldest)
+    for group, state, count in running:
+        g = name(group)
+        reading.tasks[(g, state)] = reading.tasks.get((g, state), 0) + count
+    return reading
+
+
+class TableStats:
+    """Reads one entry's table every ``refresh`` seconds (run in the first process only)."""
+
+    def __init__(self, conninfo: str, entry: Entry, groups: int, refresh: float):
+        self.entry, self.groups, self.refresh = entry, groups, refresh
+        self.conninfo = make_conninfo(conninfo, dbname=entry.data, user=entry.user,
+                                      application_name=f"pgtask metrics {entry.schema} {entry.table}")
+        names = table_names(entry.schema, entry.table)
+        self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"])
+                        for name, text in named.queries("metrics.sql").items()}
+        self.reading = Reading()
+        self.read_at = 0.0  # time.time() of the last reading (0: none yet)
+
+    async def refresh_once(self, conn: psycopg.AsyncConnection) -> Reading:
+        async def rows(name: str, params: dict | None = None) -> list[tuple]:
+            cur = await conn.execute(self.queries[name], params)
+            return await cur.fetchall()
+
+        reading = fold_groups(await rows("queue"), await rows("running"), self.groups)
+        for state, count in await rows("ended"):
+            reading.tasks[(ALL_GROUPS, state)] = count
+        prefix = f"pg_task {self.entry.schema} {self.entry.table} "
+        reading.sessions = dict(await rows("sessions", {"prefix": prefix}))
+        try:
+            async with conn.transaction():
+                reading.schedule_lag = dict(await rows("schedule_lag"))
+        except psycopg.errors.UndefinedTable:
+            pass
+        return reading
+
+    async def run(self) -> None:
+        conn: psycopg.AsyncConnection | None = None
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                    # its server time bounded to what one backend does (no parallel workers), and
+                    # never waiting on a lock for long
+                    await conn.execute("SET max_parallel_workers_per_gather = 0; SET lock_timeout = '1s'")
+                self.reading = await self.refresh_once(conn)
+                self.read_at = time.time()
+            except psycopg.Error as exc:
+                log.warning("%s: metrics: could not read the table (%s)", self.entry.label(), str(exc).strip())
+                if conn is not None:
+                    await conn.close()
+                conn = None
+            await asyncio.sleep(self.refresh)
+
+
+class TableCollector:
+    """The first process's table readings as Prometheus families (a custom collector)."""
+
+    def __init__(self, stats: Callable[[], Iterable[TableStats]]):
+        self.stats = stats
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        tasks = GaugeMetricFamily("pgtask_tasks", "Rows of the table by state (finished ones: group ~all)",
+                                  labels=(*ENTRY_LABELS, "group", "state"))
+        due = GaugeMetricFamily("pgtask_due_tasks", "PLAN rows due now", labels=(*ENTRY_LABELS, "group"))
+        oldest = GaugeMetricFamily("pgtask_oldest_due_seconds", "Age of the oldest due PLAN row",
+                                   labels=(*ENTRY_LABELS, "group"))
+        sessions = GaugeMetricFamily("pgtask_sessions", "Open executor sessions (every instance)",
+                                     labels=(*ENTRY_LABELS, "role"))
+        lag = GaugeMetricFamily("pgtask_schedule_lag_seconds", "Due schedule occurrence not materialised yet",
+                                labels=(*ENTRY_LABELS, "schedule"))
+        read = GaugeMetricFamily("pgtask_table_read_timestamp_seconds", "When these figures were read",
+                                 labels=ENTRY_LABELS)
+        for stats in self.stats():
+            labels = entry_labels(stats.entry)
+            reading = stats.reading
+            for (group, state), count in sorted(reading.tasks.items()):
+                tasks.add_metric((*labels, group, state), count)
+            for group, count in sorted(reading.due.items()):
+                due.add_metric((*labels, group), count)
+            for group, seconds in sorted(reading.oldest_due.items()):
+                oldest.add_metric((*labels, group), seconds)
+            for role, count in sorted(reading.sessions.items()):
+                sessions.add_metric((*labels, role), count)
+            for name, seconds in sorted(reading.schedule_lag.items()):
+                lag.add_metric((*labels, name), seconds)
+            read.add_metric(labels, stats.read_at)
+        yield from (tasks, due, oldest, sessions, lag, read)
+
+
+# -- the process's metrics and the endpoint -----------------------------------------------------
+class Metrics:
+    """The service's metrics in one process. The first process creates the multiprocess directory
+    (``first=True``) before prometheus-client is imported -- it reads the variable at import -- and
+    its worker processes inherit it through their environment."""
+
+    def __init__(self, first: bool):
+        self.first = first
+        self.own_dir = None
+        if first:
+            self.own_dir = tempfile.mkdtemp(prefix="pgtask-metrics-")
+            os.environ[MULTIPROC_ENV] = self.own_dir
+        elif not os.environ.get(MULTIPROC_ENV):
+            raise RuntimeError(f"a worker process with metrics needs {MULTIPROC_ENV} from its first process")
+        self.families = Families()
+        self.stats: dict[tuple, TableStats] = {}
+
+    def sink(self, entry: Entry) -> EntryMetrics:
+        return EntryMetrics(self.families, entry)
+
+    def process_gone(self, pid: int) -> None:
+        """A worker process ended: its live gauges no longer count."""
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+    def registry(self):
+        from prometheus_client import CollectorRegistry, ProcessCollector, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        ProcessCollector(registry=registry)
+        registry.register(TableCollector(lambda: list(self.stats.values())))
+        return registry
+
+    def close(self) -> None:
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Endpoint:
+    """``/metrics`` (the registry) and ``/healthz`` (``health()`` -> a list of problems, [] when
+    healthy) on a thread of its own."""
+
+    def __init__(self, listen: str, registry, health: Callable[[], list[str]]):
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        self.metrics_app = make_wsgi_app(registry)
+        self.health = health
+        host, port = parse_listen(listen)
+        server_class = ThreadingWSGIServer
+        if ":" in host:
+            import socket
+
+            class server_class(ThreadingWSGIServer):
+                address_family = socket.AF_INET6
+        self.server = make_server(host, port, self.app, server_class, handler_class=_Quiet)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="pgtask metrics", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            try:
+                problems = self.health()
+            except Exception as exc:  # noqa: BLE001 -- a probe must get an answer, not a hang-up
+                problems = [f"health check failed: {exc}"]
+            body = json.dumps({"status": "ok" if not problems else "unhealthy", "problems": problems}).encode()
+            start_response("200 OK" if not problems else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return self.metrics_app(environ, start_response)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Monitoring:
+    """The metrics of one process of the service, as the supervisor drives them: the sinks of its
+    schedulers and, in the first process, the endpoint and the tables' readings."""
+
+    def __init__(self, listen: str, first: bool, health: Callable[[], list[str]], groups: int, refresh: float):
+        self.metrics = Metrics(first)
+        self.groups, self.refresh = groups, refresh
+        self.readers: dict[tuple, asyncio.Task] = {}
+        self.endpoint = None
+        if first:
+            try:
+                self.endpoint = Endpoint(listen, self.metrics.registry(), health)
+            except OSError as exc:
+                self.metrics.close()
+                raise ConfigError(f"pgtask.metrics_listen: cannot listen on {listen}: {exc}") from None
+            self.endpoint.start()
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", *self.endpoint.server.server_address[:2])
+
+    def sink(self, entry: Entry) -> EntryMetrics:
+        return self.metrics.sink(entry)
+
+    def track(self, conninfo: str, entries: Iterable[Entry]) -> None:
+        """Read these entries' tables (the first process's; a worker reads none), and no others."""
+        if self.endpoint is None:
+            return
+        wanted = {e.key: e for e in entries}
+        for key in [k for k in self.readers if k not in wanted]:
+            self.readers.pop(key).cancel()
+            self.metrics.stats.pop(key, None)
+        for key, entry in wanted.items():
+            if key not in self.readers:
+                stats = TableStats(conninfo, entry, self.groups, self.refresh)
+                self.metrics.stats[key] = stats
+                self.readers[key] = asyncio.create_task(stats.run(), name=f"metrics {entry.label()}")
+
+    def process_gone(self, pid: int) -> None:
+        self.metrics.process_gone(pid)
+
+    async def close(self) -> None:
+        for task in self.readers.values():
+            task.cancel()
+        await asyncio.gather(*self.readers.values(), return_exceptions=True)
+        if self.endpoint is not None:
+            await asyncio.to_thread(self.endpoint.stop)
+        self.metrics.close()

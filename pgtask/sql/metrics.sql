@@ -1,0 +1,29 @@
+-- Queries of the metrics' table statistics (pgtask/metrics.py), run every [pgtask] metrics_refresh
+-- seconds on a connection of their own, never per scrape. Each reads an index the claim already
+-- keeps, so their cost follows the queue, not the history -- but for "ended", which counts the
+-- finished rows through the state index (no group: that would read every finished row's heap).
+
+-- queue --
+-- Planned rows per group: how many, how many due, and the oldest due one's age (the plan index).
+SELECT "group", count(*) AS planned, count(*) FILTER (WHERE "plan" <= statement_timestamp()) AS due,
+       extract(epoch FROM statement_timestamp() - min("plan") FILTER (WHERE "plan" <= statement_timestamp()))::float8
+FROM {table} WHERE "state" = 'PLAN'
+GROUP BY 1
+
+-- running --
+SELECT "group", "state"::text, count(*) FROM {table} WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
+
+-- ended --
+SELECT "state"::text, count(*) FROM {table} WHERE "state" IN ('DONE', 'FAIL', 'GONE', 'STOP') GROUP BY 1
+
+-- sessions --
+-- Executor sessions of this table, of every instance of the service, by the role they run as
+-- (their application_name is "pg_task <schema> <table> <group>": executor.group_settings).
+SELECT usename::text, count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND left(application_name, length(%(prefix)s)) = %(prefix)s
+GROUP BY 1
+
+-- schedule_lag --
+-- Each active schedule's due occurrence not yet materialised, in seconds (0: none is late).
+SELECT "name", greatest(extract(epoch FROM statement_timestamp() - "next_run"), 0)::float8
+FROM {schedule} WHERE NOT "paused" AND "next_run" IS NOT NULL

@@ -1,0 +1,165 @@
+"""The metrics endpoint of a real ``pgtask run``: /metrics parsed with prometheus-client's own
+parser and held against the table; /healthz following the server."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import Service, _free_port, wait_for
+
+from pgtask.cluster import Cluster
+from pgtask.config import ConfigError, from_dict
+from pgtask.metrics import OTHER_GROUPS, fold_groups
+
+
+def metrics_config(port: int, extra: str = "", reset_check: float = 0.5) -> str:
+    return (f'[pgtask]\nmetrics_listen = "127.0.0.1:{port}"\nmetrics_refresh = 0.2\n'
+            f'reset_check = {reset_check}\ngrace = 5\nlog_level = "debug"\n{extra}')
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics: (name, sorted labels) -> value."""
+    status, text = get(port, "/metrics")
+    assert status == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(samples: dict, name: str, **labels) -> float | None:
+    """The one sample of ``name`` whose labels include ``labels`` (None: there is none)."""
+    found = [v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items()]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else None
+
+
+def test_the_figures_match_the_table(db, service_factory):
+    port = _free_port()
+    svc = service_factory(db.name, metrics_config(port))
+    done = [db.insert("SELECT 1", group=f"g{i % 4}") for i in range(20)]
+    failed = [db.insert("SELECT 1/0", group="bad") for _ in range(3)]
+    for task_id in done + failed:
+        db.wait_state(task_id)
+    slow = db.insert("SELECT pg_sleep(60)", group="slow")
+    db.wait_state(slow, states=("WORK",))
+    waiting = db.insert("SELECT 1", group="slow")  # due, held back by the running one (max 0)
+    for _ in range(5):
+        db.insert("SELECT 1", group="later", plan="infinity")
+
+    def settled() -> dict | None:
+        samples = scrape(port)
+        return samples if sample(samples, "pgtask_due_tasks", group="slow") == 1 and \
+            sample(samples, "pgtask_tasks", group="later", state="PLAN") == 5 else None
+
+    samples = wait_for(settled, 15, message="the table's figures")
+    entry = {"data": db.name, "schema": "public", "table": "task"}
+    assert sample(samples, "pgtask_finished_total", state="DONE", **entry) == 20
+    assert sample(samples, "pgtask_finished_total", state="FAIL", **entry) == 3
+    for state in ("DONE", "FAIL"):
+        assert sample(samples, "pgtask_tasks", group="~all", state=state) == \
+            db.value("SELECT count(*) FROM task WHERE state = %s", (state,))
+    assert sample(samples, "pgtask_tasks", group="slow", state="WORK") == 1
+    assert sample(samples, "pgtask_due_tasks", group="later") == 0
+    oldest = sample(samples, "pgtask_oldest_due_seconds", group="slow")
+    assert 0 <= oldest <= db.value("SELECT extract(epoch FROM now() - plan) FROM task WHERE id = %s",
+                                   (waiting,)) + 1
+    assert sample(samples, "pgtask_run_seconds_count", **entry) == 23
+    # every claimed task was picked up: the 23 and the sleeping one
+    assert sample(samples, "pgtask_pickup_seconds_count", **entry) == 24
+    assert sample(samples, "pgtask_claim_pass_seconds_count", **entry) > 0
+    assert sample(samples, "pgtask_scheduler_up", **entry) == 1
+    assert sample(samples, "pgtask_sessions", role=db.value("SELECT current_user")) >= 1
+    assert sample(samples, "process_resident_memory_bytes") > 0
+    svc.stop()
+
+
+def test_groups_beyond_the_busiest_are_folded():
+    queue = [("a", 5, 5, 3.0), ("b", 1, 1, 9.0), ("c", 1, 0, None)]
+    running = [("c", "WORK", 3), ("d", "TAKE", 1)]
+    reading = fold_groups(queue, running, keep=2)
+    # a (5 rows) and c (4) are the busiest; b and d are folded
+    assert reading.tasks == {("a", "PLAN"): 5, ("c", "PLAN"): 1, ("c", "WORK"): 3, (OTHER_GROUPS, "PLAN"): 1,
+                             (OTHER_GROUPS, "TAKE"): 1}
+    assert reading.due == {"a": 5, "c": 0, OTHER_GROUPS: 1}
+    assert reading.oldest_due == {"a": 3.0, OTHER_GROUPS: 9.0}
+
+
+def test_counters_add_up_across_processes(db, service_factory):
+    port = _free_port()
+    svc = service_factory(db.name, metrics_config(port, "processes = 2\n"))
+    wait_for(lambda: len(svc.workers()) == 1, 15, message="the worker process")
+    ids = [db.insert("SELECT pg_sleep(0.05)", group=f"g{i}") for i in range(40)]
+    for task_id in ids:
+        db.wait_state(task_id)
+    pids = set(db.execute("SELECT DISTINCT pid FROM task"))
+    samples = scrape(port)
+    assert sample(samples, "pgtask_finished_total", state="DONE") == 40
+    assert sample(samples, "pgtask_run_seconds_count") == 40
+    print(f"ran on {len(pids)} backends")
+    svc.stop()
+
+
+def test_orphans_reset_are_counted(db, service_factory):
+    first = service_factory(db.name, "[pgtask]\nreset_check = 0.5\n")
+    orphan = db.insert("SELECT pg_sleep(60)")
+    db.wait_state(orphan, states=("WORK",))
+    first.kill()
+    port = _free_port()
+    second = service_factory(db.name, metrics_config(port))
+    wait_for(lambda: sample(scrape(port), "pgtask_orphans_reset_total") == 1, 30,
+             message="the dead service's row to be reset")
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (orphan,))
+    second.stop()
+
+
+def test_a_lost_lease_is_counted(db, service_factory):
+    port = _free_port()
+    svc = service_factory(db.name, metrics_config(port, reset_check=600))
+    stale = db.insert("SELECT pg_sleep(1.5)")
+    db.wait_state(stale, states=("WORK",))
+    with db.conn.transaction():  # another instance took it over (see test_stale_executor_writes_nothing)
+        db.execute("UPDATE task SET state = 'PLAN' WHERE id = %s", (stale,))
+        db.claim(stale)
+    wait_for(lambda: sample(scrape(port), "pgtask_lease_lost_total") == 1, 15, message="the lease lost")
+    assert sample(scrape(port), "pgtask_finished_total", state="DONE") == 0
+    svc.stop()
+
+
+def test_healthz_follows_the_server(tmp_path, cluster):
+    own = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-health-")), cluster.bindir, port=_free_port())
+    own.init({"fsync": "off"})
+    own.start()
+    port = _free_port()
+    svc = Service(own, "postgres", metrics_config(port), tmp=tmp_path)
+    try:
+        svc.start()
+        wait_for(lambda: get(port, "/healthz")[0] == 200, 15, message="healthy")
+        assert json.loads(get(port, "/healthz")[1]) == {"status": "ok", "problems": []}
+        own.stop("fast")
+        _, body = wait_for(lambda: (r := get(port, "/healthz"))[0] == 503 and r, 20,
+                           message="unhealthy while the server is down")
+        assert "not connected" in body or "no claim pass" in body, body
+        own.start()
+        wait_for(lambda: get(port, "/healthz")[0] == 200, 30, message="healthy again")
+    finally:
+        svc.stop()
+        own.destroy()
+
+
+@pytest.mark.parametrize("value", ["9464", "localhost", "127.0.0.1:0", "127.0.0.1:70000", "[::1]:x"])
+def test_a_bad_listen_address_is_refused_naming_the_key(value):
+    with pytest.raises(ConfigError, match="metrics_listen"):
+        from_dict({"pgtask": {"metrics_listen": value}})
