@@ -47,7 +47,7 @@ log = logging.getLogger("pgtask.scheduler")
 TASK_COLUMNS = f"""t."id", t."attempt", t."lease", t."group", t."remote", t."max", t."user",
     CASE WHEN octet_length(t."input") <= {INLINE} THEN t."input" END AS input,
     octet_length(t."input") AS input_bytes, t."repeat" > '0 sec' AS repeats,
-    least(extract(epoch FROM t."timeout")::int8 * 1000, 2147483647)::int4 AS timeout_ms, t."header", t."string", t."null",
+    least(round(extract(epoch FROM t."timeout")) * 1000, 2147483647)::int4 AS timeout_ms, t."header", t."string", t."null",
     t."delimiter"::text AS delimiter, t."quote"::text AS quote, t."escape"::text AS escape, t."save",
     t."count", extract(epoch FROM t."live")::float8 AS live_s, t."delete", statement_timestamp() AS now,
     extract(epoch FROM statement_timestamp() - t."plan")::float8 AS waited"""

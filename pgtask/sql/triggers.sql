@@ -79,12 +79,32 @@ BEGIN
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
         NEW."user" := current_user;
     END IF;
+    {@definition_check}
     NEW."state" := coalesce(NEW."state", 'PLAN');
     NEW."attempt" := 0;
     NEW."lease" := NULL;
     RETURN NEW;
 END
 $body$
+
+-- definition_check --
+-- (Part of insert and update: the new row's definition, as it is inserted or edited.) Values no
+-- next occurrence can be computed from are refused here, naming the column, instead of failing
+-- the task's finish after its input ran: a plan of -infinity (no grid, and never active), and a
+-- repeat over 100,000 years (its next plan overflows the timestamp) or with a negative part (a
+-- month less 30 days: its points need not move forward). Nothing here runs on the service's
+-- claims and finishes, which change no definition.
+IF NEW."plan" = '-infinity' THEN
+        RAISE EXCEPTION 'invalid plan of task: -infinity' USING ERRCODE = 'check_violation',
+            HINT = 'plan is a finite time, or infinity to hold the task back.';
+    END IF;
+    IF NEW."repeat" > '0 sec' AND (NEW."repeat" > '100000 years'
+                                  OR date_trunc('month', NEW."repeat") < '0 sec'
+                                  OR date_trunc('day', NEW."repeat") < date_trunc('month', NEW."repeat")
+                                  OR NEW."repeat" < date_trunc('day', NEW."repeat")) THEN
+        RAISE EXCEPTION 'invalid repeat of task: %', NEW."repeat" USING ERRCODE = 'check_violation',
+            HINT = 'repeat is at most 100000 years, and none of its months, days and time is negative.';
+    END IF;
 
 -- insert_trigger --
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
@@ -167,6 +187,7 @@ BEGIN
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'Only members of the role a task runs as may change it.';
         END IF;
+        {@definition_check}
     END IF;
     IF NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
         IF (NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
