@@ -17,8 +17,7 @@ its wall time is printed first.
 
 This machine's speed drifts by 10-40 % within minutes: compare versions within rounds, and run
 enough rounds that the medians' difference is larger than the rounds' spread. A control: the same
-checkout twice (x=. y=.) gave medians 2,060 against 1,879 tasks/s, x ahead in all of 4 rounds (the
-fifteenth session) -- a 10 % difference in 4 rounds is not a finding.
+checkout twice (x=. y=.) gave medians 2,060 against 1,879 tasks/s, x ahead in all of 4 rounds -- a 10 % difference in 4 rounds is not a finding.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ machine drifts by 10-40 % within minutes.
   ready and idle;
   then all tasks are inserted in ONE statement and we wait until every row is DONE/FAIL. 16 groups
   once more after a warm-up of WARM tasks run first by the same service (no goal: a service that
-  has run before should be as fast as a fresh one; the tenth session found one 27 % slower).
+  has run before should be as fast as a fresh one: stale generic plans made one 27 % slower).
   Throughput = tasks / (max(stop) - insert time), both the database's clock. Each run (and each
   peer's) has a database of its own, dropped after it: left behind, its dead rows were vacuumed by
   autovacuum during later runs, CPU counted in theirs. Next to it the CPU per
@@ -35,7 +35,7 @@ machine drifts by 10-40 % within minutes.
   `pgq run`: uvloop when installed; procrastinate's: asyncio's); all jobs are enqueued in one
   batch call; wall = the last
   success's write (pgqueuer_log.created, procrastinate_events.at) - the time before the enqueue,
-  both the database's clock, as pgtask's (before the fifteenth session: a 50 ms poll's end).
+  both the database's clock, as pgtask's.
   Concurrency 16; the job body runs the same SQL on a 16-connection pool. pgqueuer
   also in as many processes as pgtask uses (spawned, each with its 16-connection pool; pgqueuer's
   concurrency_limit is fleet-wide, so 16 jobs at once in all): the better of all peer figures is
@@ -50,7 +50,7 @@ machine drifts by 10-40 % within minutes.
   clients one after another, paced where psycopg opens all 1,000 at once).
   --repeat rounds of (floor, C floor, pgtask); each figure is the median of its rounds, and for
   each pgtask round the CPU it used (server + service) spread over the cores, against its wall
-  time (the burst is CPU-bound: docs/performance.md, twenty-fourth session). Before them the
+  time (the burst is CPU-bound: docs/performance.md, "What limits each figure"). Before them the
   cluster's own bound: pgbench -S -C (a new connection for every transaction), connections/s; no
   client makes 1,000 remote sleeps in much less than 1,000 / that rate (the server starting and
   ending 1,000 backends at full capacity, every sleep overlapping other backends' starts).
@@ -654,7 +654,7 @@ class Bench:
                     rounds(walls))
         # The burst is CPU-bound: its wall time is at least the CPU it used spread over the machine's
         # cores, and most of that CPU is the server's backends starting and ending (docs/performance.md,
-        # twenty-fourth session).
+        # "What limits each figure").
         cores = os.cpu_count() or 1
         ratios, notes = [], []
         for run in runs:

@@ -212,7 +212,7 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
     """A flush of finishes (UPDATE ... FROM unnest of its arrays, a generic plan) prepared while the
     table was small kept that plan -- a hash join over a sequential scan of the whole table -- for
     the burst that followed: 1.5-2 ms a flush at 6,000 rows instead of 0.3, and a warmed-up service
-    a quarter slower than a fresh one (docs/performance.md, tenth session). The writers' flush
+    a quarter slower than a fresh one (docs/performance.md). The writers' flush
     statements are prepared again whenever the claim pass's are."""
     empty = {name: [] for name in FINISH_PARAMS}
 
