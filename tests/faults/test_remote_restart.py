@@ -75,8 +75,7 @@ def test_remote_server_restarted_mid_load_fails_only_tasks_whose_input_was_sent(
     (groups of max 0: each task's connection opens as the one before ends): a task whose input
     was cut off fails as pg_task's does (`PQconsumeInput failed`, the server's FATAL); a task
     whose connection failed before its input was sent -- refused, or the server shutting down or
-    starting up -- runs once the server is back, once. Before, those failed too (`PQconnectPoll
-    failed`)."""
+    starting up -- runs once the server is back, once (not FAIL with `PQconnectPoll failed`)."""
     svc = service_factory(db.name, SERVICE)
     ids = insert(db, far_cluster, groups=20, per_group=12, sleep=0.05)
     wait_for(lambda: len(runs(far_cluster)) >= 40, 30, message="the load to get going")

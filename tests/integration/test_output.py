@@ -106,9 +106,8 @@ def test_output_and_error_in_a_latin1_database(databases, service_factory):
 
 
 # Input that changes its session's client encoding: the text after the change arrives in the new
-# encoding, and the server reports the change only once the query is over. Before, a local task
-# like the first one never finished (its text could not be decoded), and the service held it in
-# WORK for as long as it ran. (A change the input's failure rolls back is not reported at all:
+# encoding, and the server reports the change only once the query is over: a local task like the
+# first one must still finish (its text decoded in the encoding the input left). (A change the input's failure rolls back is not reported at all:
 # the text sent while it held reads as U+FFFD where it is not ASCII; see README.)
 ENCODING_CASES = [
     ("SET client_encoding TO 'LATIN1'; SELECT 'café ñ' AS a", "SET\ncafé ñ", None),

@@ -442,8 +442,8 @@ def test_cli_provision_json_and_config_errors(db, cluster, tmp_path):
 
 
 def test_a_setting_the_server_holds_is_checked_as_the_files_are(db, cluster, tmp_path):
-    """pg_task.run = 0 in the file is refused; set with ALTER DATABASE it must be too (before, the
-    service started and never ran a task)."""
+    """pg_task.run = 0 in the file is refused; set with ALTER DATABASE it must be too (not a
+    service that starts and never runs a task)."""
     env = {**os.environ, **cluster.env(), "PGDATABASE": db.name}
     cfg = tmp_path / "p.toml"
     cfg.write_text(f'[pg_task]\njson = [{{data = "{db.name}"}}]\n')

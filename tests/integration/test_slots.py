@@ -103,8 +103,8 @@ def test_derived_cap_leaves_headroom_and_counts_what_others_hold():
 def test_a_burst_wider_than_max_connections_waits_for_slots_and_leaves_others_room(small, small_db):
     """More tasks that each want a session at once than the server has connection slots: every
     one runs, once, none fails; the service stays under its cap, so another role can connect
-    all the while (before, tasks failed with "remaining connection slots are reserved" and
-    other roles were refused)."""
+    all the while (no task fails with "remaining connection slots are reserved", no other role is
+    refused)."""
     conn, start = small_db
     start()
     n = 30
