@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import re
 
 import psycopg
 import pytest
@@ -16,6 +17,11 @@ async def explain_prepared(conn, execute: str) -> str:
     cur = conn.cursor(row_factory=psycopg.rows.tuple_row)
     await cur.execute(f"EXPLAIN {execute}")
     return "\n".join(r[0] for r in await cur.fetchall())
+
+
+def scans_task(plan: str) -> bool:
+    """Whether the plan reads the task table sequentially (the small instance table may be)."""
+    return re.search(r"Seq Scan on task\b", plan) is not None
 
 
 def explain(db, name, params):
@@ -36,18 +42,17 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     db.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, 10)")
     db.execute("ALTER TABLE task ENABLE TRIGGER USER")
     db.execute("ANALYZE task")
-    oid = db.value("SELECT 'task'::regclass::oid")
-    plan = explain(db, "claim", {"oid": oid, "limit": 1000, "offer_pid": [1], "offer_id": [1]})
+    plan = explain(db, "claim", {"token": "00000000-0000-40", "limit": 1000, "offer_pid": [1], "offer_id": [1]})
     assert "task_queue_idx" in plan, plan
     assert "task_slot_idx" in plan, plan
-    assert "Seq Scan on task" not in plan, plan
+    assert not scans_task(plan), plan
     plan = explain(db, "expire", {})
     assert "task_plan_idx" in plan, plan
-    assert "Seq Scan on task" not in plan, plan
-    plan = explain(db, "reset", {"oid": oid})
-    assert "Seq Scan on task" not in plan, plan
+    assert not scans_task(plan), plan
+    plan = explain(db, "reset", {})
+    assert not scans_task(plan), plan
     plan = explain(db, "next", {})
-    assert "Seq Scan on task" not in plan, plan
+    assert not scans_task(plan), plan
 
 
 ANALYZE_COUNT = "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'task'::regclass"
@@ -99,7 +104,7 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claim_pass())[0]
             analyzes = db.value(ANALYZE_COUNT) - before
-            plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim({sched.oid}, 1000, '{{}}', '{{}}')")
+            plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim('{sched.token}', 1000, '{{}}', '{{}}')")
             return plan, claimed, analyzes
 
     plan, claimed, analyzes = asyncio.run(go())
@@ -228,7 +233,7 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
             return plans
 
     before, after = asyncio.run(go())
-    assert "task_pkey" in after and "Seq Scan on task" not in after, (before, after)
+    assert "task_pkey" in after and not scans_task(after), (before, after)
 
 
 BY_ID = {  # the statements that write given tasks' rows, with parameters for a batch of two

@@ -135,8 +135,15 @@ def test_sessions_the_full_server_refuses_wait_and_run_once_slots_free(small, sm
             fillers.append(psycopg.connect(small.conninfo(conn.info.dbname), autocommit=True))
     except psycopg.OperationalError:
         pass
-    fillers[-1].close()  # one for the insert
-    fillers[-1] = psycopg.connect(small.conninfo(conn.info.dbname), autocommit=True)
+    # one slot for the insert; the service, retrying, may take a freed slot first: free another
+    inserter = None
+    while inserter is None:
+        fillers.pop().close()
+        try:
+            inserter = psycopg.connect(small.conninfo(conn.info.dbname), autocommit=True)
+        except psycopg.OperationalError:
+            assert fillers, "the service took every slot freed"
+    fillers.append(inserter)
     burst(fillers[-1], 5, 0)
     try:
         wait_for(lambda: "executor session refused" in svc.output() or "FAIL" in states(fillers[-1]), 15,
