@@ -38,29 +38,43 @@ def parse(payload: str) -> tuple[str, int] | tuple[str, None] | None:
 
 
 class Listener:
-    """One LISTEN connection: reconnects with ``delays`` when the connection is lost; anything else
-    that goes wrong ends run() with the exception (supervise.supervised starts it again)."""
+    """One LISTEN connection on the channel ``channel()`` names at each connect: reconnects with
+    ``delays`` when the connection is lost, at once after reconnect(); anything else that goes wrong
+    ends run() with the exception (supervise.supervised starts it again)."""
 
-    def __init__(self, conninfo: str, channel: str, label: str, delays: Delays,
+    def __init__(self, conninfo: str, channel: Callable[[], str], label: str, delays: Delays,
                  stopping: Callable[[], bool], on_wake: Callable[[], None],
                  on_schedule: Callable[[], None], on_stop: Callable[[int], None]):
         self.conninfo, self.channel, self.label, self.delays = conninfo, channel, label, delays
         self.stopping = stopping
         self.handlers = {WAKE: lambda _: on_wake(), SCHEDULE: lambda _: on_schedule(), STOP: on_stop}
+        self.conn: psycopg.AsyncConnection | None = None
+        self.retarget = False
 
     async def run(self) -> None:
         while not self.stopping():
             try:
                 async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    self.conn, self.retarget = conn, False
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel())))
                     self.delays.reset()
                     self.handlers[WAKE](None)  # a (re)connected listener triggers an immediate claim pass
                     async for note in conn.notifies():
                         self.handle(note.payload)
             except psycopg.OperationalError as exc:
+                if self.retarget:
+                    continue
                 delay = self.delays.next()
                 log.warning("%s: listener lost (%s); reconnecting in %.1fs", self.label, exc, delay)
                 await asyncio.sleep(delay)
+            finally:
+                self.conn = None
+
+    def reconnect(self) -> None:
+        """Listen again, on the channel named now (the table was created again: its oid changed)."""
+        self.retarget = True
+        if self.conn is not None:
+            self.conn.pgconn.finish()  # ends notifies() with an OperationalError: see run
 
     def handle(self, payload: str) -> None:
         hint = parse(payload)

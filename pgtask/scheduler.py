@@ -62,11 +62,11 @@ REFUSED = "refused"  # a finish the database refused, its failure too (see Sched
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order);
 # its claim lock (a LOCK TABLE) is sent as text.
-PASS_STATEMENTS = (("expire", ()), ("claim", ("token", "limit", "offer_pid", "offer_id")), ("next", ()))
+PASS_STATEMENTS = (("expire", ()), ("claim", ("token", "oid", "limit", "offer_pid", "offer_id")), ("next", ()))
 # the statistics looked at before claiming starts (see Scheduler._check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
 # claim_next's, for a session reusing its executor (count/live): see next_of_group
-CLAIM_NEXT_PARAMS = ("token", "group", "remote", "user", "max", "done", "born")
+CLAIM_NEXT_PARAMS = ("token", "oid", "group", "remote", "user", "max", "done", "born")
 
 
 # The flushes' parameters, in the order of their prepared statements' $n: "flush", and
@@ -102,7 +102,8 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     beside = {f"rel_{kind}": sql.Identifier(schema, provision.liveness_table(table, kind))
               for kind in provision.LIVENESS_TABLES}
     return sql.SQL(named.query("queries.sql", name)).format(
-        table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"), **beside,
+        table=ident, regclass=sql.Literal(ident.as_string(None)), task_columns=sql.SQL(TASK_COLUMNS),
+        state=sql.Identifier(schema, "state"), **beside,
         copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
     ).as_string(None)
 
@@ -207,6 +208,10 @@ class Scheduler:
         self.token = str(uuid.uuid4())[:18]
         self.stop_hints = StopHints(lambda task_id: task_id in self.inflight, self.stop_requested, self.cancel,
                                     entry.label())
+        self.listener = Listener(
+            make_conninfo(self.conninfo, application_name=f"pgtask listen {entry.schema} {entry.table}"),
+            lambda: provision.channel(self.oid), entry.label(), Backoff(), lambda: self.stopping,
+            on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint)
         self.drain_cancelled: set[int] = set()
         self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
         self.tasks: set[asyncio.Task] = set()
@@ -306,6 +311,17 @@ class Scheduler:
 
     async def start(self) -> None:
         await self.connect_control()
+        await self.provision()
+        await self.register(self.control)
+        await self.refresh_columns(self.control)
+        self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
+                                           kwargs={"autocommit": True, "prepare_threshold": None},
+                                           timeout=10, configure=self._writer)
+        await self.writers.open(wait=True, timeout=30)
+        await self.reset_orphans()
+
+    async def provision(self) -> None:
+        """Provision the task table (create or upgrade it, see provision.py) and take up its oid."""
         report = provision.Report()
         await self.control.set_autocommit(False)
         self.control.row_factory = psycopg.rows.tuple_row
@@ -317,13 +333,20 @@ class Scheduler:
             self.control.row_factory = dict_row
         for action in report.actions:
             log.info("%s: %s", self.entry.label(), action)
-        await self.register(self.control)
-        await self.refresh_columns(self.control)
-        self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
-                                           kwargs={"autocommit": True, "prepare_threshold": None},
-                                           timeout=10, configure=self._writer)
-        await self.writers.open(wait=True, timeout=30)
-        await self.reset_orphans()
+
+    async def adopt_table(self, oid: int | None) -> None:
+        """The task table is another one now (dropped and provisioned again: its oid changed, see
+        "same_table"): take it up as a new table -- provisioned, its columns read, every statement
+        prepared again, its channel listened to."""
+        log.warning("%s: the task table was created again (oid %s, was %s): taking up the new one",
+                    self.entry.label(), oid, self.oid)
+        async with self.control_lock:
+            await self.provision()
+            await self.register(self.control)  # the instance table may have been created again too
+            await self.refresh_columns(self.control)
+        self._queries.clear()
+        self.pass_replan = True  # see claim_pass and _flush_version
+        self.listener.reconnect()
 
     async def register(self, conn: psycopg.AsyncConnection) -> None:
         """This scheduler's control backend ``conn``, in the instance table (see "register")."""
@@ -471,7 +494,7 @@ class Scheduler:
                 if claim:
                     offers = self._offers(batch)
                     text.append(self.q("claim_lock").encode())
-                    text.append(f"EXECUTE pgtask_claim('{self.token}', {int(min(room, self.options.limit))}, "
+                    text.append(f"EXECUTE pgtask_claim('{self.token}', {int(self.oid)}, {int(min(room, self.options.limit))}, "
                                 f"{_int_array(offers)}, {_int_array(t.id for t, _ in offers.values())})".encode())
                 text.append(b"EXECUTE pgtask_next; COMMIT")
                 await wire.send(pgconn, b"; ".join(text))
@@ -505,8 +528,10 @@ class Scheduler:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
-            next_in, due, settings_mark, conf_loaded, *style = loader.load_row(0, tuple)
+            next_in, due, settings_mark, table_oid, conf_loaded, *style = loader.load_row(0, tuple)
         self.error_style = ErrorStyle.of(style)
+        if table_oid != self.oid:
+            await self.adopt_table(table_oid)
         self.settings_seen(settings_mark)  # before the claimed tasks take their sessions
         if conf_loaded != self.conf_loaded:  # the server's configuration was read again
             if self.conf_loaded is not None:
@@ -1158,7 +1183,7 @@ class Scheduler:
             async with self.control.transaction():
                 # the claim lock (as a claim pass takes it) and the claim, in one round trip
                 await self._prepared(self.control, "claim_next", CLAIM_NEXT_PARAMS, self.pass_plans)
-                values = {"token": self.token, "group": task.group, "remote": task.remote, "user": task.user,
+                values = {"token": self.token, "oid": self.oid, "group": task.group, "remote": task.remote, "user": task.user,
                           "max": spawner_max, "done": done, "born": born}
                 cur = await self.control.execute(sql.Composed([
                     sql.SQL(self.q("claim_lock") + "; EXECUTE pgtask_claim_next("),
@@ -1190,7 +1215,7 @@ class Scheduler:
 
     async def reset_orphans(self) -> None:
         async with self.control_lock:
-            cur = await self.control.execute(self.q("reset"), {"oid": self.oid})
+            cur = await self.control.execute(self.q("reset"), {"oid": self.oid})  # see "same_table"
             rows = await cur.fetchall()
         self.metrics.orphans_reset(len(rows))
         for row in rows:
@@ -1201,11 +1226,7 @@ class Scheduler:
 
     async def listen(self) -> None:
         """The listener (listener.py), started again whenever it fails (supervise.py)."""
-        listener = Listener(
-            make_conninfo(self.conninfo, application_name=f"pgtask listen {self.entry.schema} {self.entry.table}"),
-            provision.channel(self.oid), self.entry.label(), Backoff(), lambda: self.stopping,
-            on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint)
-        await supervised(f"{self.entry.label()}: the listener", listener.run, lambda: self.stopping,
+        await supervised(f"{self.entry.label()}: the listener", self.listener.run, lambda: self.stopping,
                          Backoff(first=0.5, cap=30.0), log)
 
     def _schedule_hint(self) -> None:

@@ -85,7 +85,8 @@ WITH RECURSIVE keys AS (
            "group", "remote", "user"
     FROM locked
 ), chosen AS (
-    SELECT "id", "group", "remote", "user" FROM ranked WHERE k >= 0 ORDER BY cap DESC, "id" LIMIT %(limit)s
+    SELECT "id", "group", "remote", "user" FROM ranked WHERE k >= 0 AND {@same_table}
+    ORDER BY cap DESC, "id" LIMIT %(limit)s
 ), offered AS (
     -- Idle executor sessions the service offers, each (its pid, the task it ran, which this
     -- transaction finished): a chosen local task of that task's role and group takes one and goes
@@ -118,6 +119,7 @@ WITH s AS (
     SELECT "id" FROM {table} t
     WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp() AND "group" = %(group)s
       AND "remote" IS NOT DISTINCT FROM %(remote)s AND "max" >= %(max)s AND "user" = %(user)s
+      AND {@same_table}
       AND ("plan" + least("active", interval '100000 years') > statement_timestamp()
            OR "repeat" > '0 sec' OR "max" < 0)
       AND CASE WHEN "count" > 0 AND "live" > '0 sec'
@@ -271,7 +273,7 @@ WITH gone AS (
     DELETE FROM {rel_instance} i WHERE NOT {@instance_alive}
 ), s AS (
     SELECT t."id" FROM {table} t
-    WHERE ({@table.sql:slot_held}) AND NOT {@alive}
+    WHERE ({@table.sql:slot_held}) AND {@same_table} AND NOT {@alive}
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 'PLAN' END,
@@ -279,6 +281,13 @@ UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 
     "stop" = CASE WHEN t."state" = 'STOP' THEN statement_timestamp() END,
     "pid" = CASE WHEN t."state" = 'STOP' THEN t."pid" END
 FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
+
+-- same_table --
+-- (Part of claim, claim_next and reset.) The table the service knows (its oid) is the one of this
+-- name now. A table dropped and provisioned again is another table, with other columns and another
+-- channel: a service still holding the old oid neither claims nor resets its rows until it has
+-- taken the new table up (see "next" and Scheduler.adopt_table).
+%(oid)s::oid = to_regclass({regclass})
 
 -- settings_mark --
 -- A fingerprint of the ALTER DATABASE / ALTER ROLE settings that reach a session of this database:
@@ -290,14 +299,14 @@ WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.d
 
 -- next --
 -- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max); the
--- settings' fingerprint (settings_mark); then when this backend last read the server's
--- configuration (a reload: the sessions' error style is read again, see Session.style) and the
--- error style in force here (remote tasks' errors).
+-- settings' fingerprint (settings_mark); the table's oid now (see same_table); then when this
+-- backend last read the server's configuration (a reload: the sessions' error style is read again,
+-- see Session.style) and the error style in force here (remote tasks' errors).
 SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
                            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                           - statement_timestamp())::float8,
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
-       ({@settings_mark}),
+       ({@settings_mark}), to_regclass({regclass})::oid::int8,
        pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
 
 -- statistics --

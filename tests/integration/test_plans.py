@@ -42,14 +42,16 @@ def test_claim_uses_partial_indexes_with_many_rows(db):
     db.execute("INSERT INTO task (input) SELECT 'SELECT 1' FROM generate_series(1, 10)")
     db.execute("ALTER TABLE task ENABLE TRIGGER USER")
     db.execute("ANALYZE task")
-    plan = explain(db, "claim", {"token": "00000000-0000-40", "limit": 1000, "offer_pid": [1], "offer_id": [1]})
+    oid = db.value("SELECT 'task'::regclass::oid")
+    plan = explain(db, "claim", {"token": "00000000-0000-40", "oid": oid, "limit": 1000,
+                                 "offer_pid": [1], "offer_id": [1]})
     assert "task_queue_idx" in plan, plan
     assert "task_slot_idx" in plan, plan
     assert not scans_task(plan), plan
     plan = explain(db, "expire", {})
     assert "task_plan_idx" in plan, plan
     assert not scans_task(plan), plan
-    plan = explain(db, "reset", {})
+    plan = explain(db, "reset", {"oid": oid})
     assert not scans_task(plan), plan
     plan = explain(db, "next", {})
     assert not scans_task(plan), plan
@@ -104,7 +106,7 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claim_pass())[0]
             analyzes = db.value(ANALYZE_COUNT) - before
-            plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim('{sched.token}', 1000, '{{}}', '{{}}')")
+            plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim('{sched.token}', {sched.oid}, 1000, '{{}}', '{{}}')")
             return plan, claimed, analyzes
 
     plan, claimed, analyzes = asyncio.run(go())

@@ -2,7 +2,7 @@
 
 import psycopg
 import pytest
-from support import wait_for
+from support import provision_again, wait_for
 
 
 # The next occurrence's input: it takes its own repeat away, so a grid case repeats once.
@@ -108,3 +108,34 @@ def test_values_refused_at_insert_naming_the_column(db, columns, refusal):
         sets = ", ".join(f'"{k}" = %s' for k in edit)
         with pytest.raises(psycopg.errors.IntegrityError, match=refusal):
             db.execute(f"UPDATE task SET {sets} WHERE id = %s", (*edit.values(), task_id))
+
+
+def test_a_table_dropped_and_provisioned_again_is_taken_up_as_new(db, service_factory):
+    """A service that ran on the table before it was dropped and provisioned again, and one started
+    after: both take up the new table (its oid: the keys of the liveness and claim locks, its
+    columns, its channel) -- every task runs once, and a repeat copies the new table's columns."""
+    old = service_factory(db.name)
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
+    db.execute("DROP TABLE task CASCADE")
+    provision_again(db)
+    db.execute("CREATE TABLE runs (id bigint)")
+    repeating = db.insert(ONCE, repeat="1 hour")
+    ids = [db.insert("INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep(1)",
+                     group=f"g{i}") for i in range(6)]
+    for task_id in ids:  # running on the old service: the new one's reset at its start must not take them
+        db.wait_state(task_id, states=("WORK", "DONE"))
+    new = service_factory(db.name)
+    for task_id in [*ids, repeating]:
+        assert (db.wait_state(task_id)["state"], db.task(task_id)["error"]) == ("DONE", None)
+    assert db.execute("SELECT id, count(*) FROM runs GROUP BY id HAVING count(*) > 1") == []
+    assert db.value("SELECT count(*) FROM runs") == len(ids)
+    wait_for(lambda: db.value("SELECT count(*) FROM task WHERE parent = %s", (repeating,)), message="the repeat")
+    oids = [db.insert("SELECT current_setting('pg_task.oid')", delete=False) for _ in range(4)]
+    assert {db.wait_state(i)["output"] for i in oids} == {str(db.value("SELECT 'task'::regclass::oid"))}
+    assert "taking up the new one" in old.output()
+    assert "taking up the new one" not in new.output()
+    # both listen on the new table's channel
+    listen = f'LISTEN "pg_task_{db.value("SELECT %s::regclass::oid", ("task",))}"'
+    wait_for(lambda: db.value("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                              "AND application_name LIKE 'pgtask listen %%' AND query = %s", (listen,)) == 2,
+             message="both listeners on the new channel")
