@@ -20,6 +20,7 @@ schema. Placeholders, filled in with quoted identifiers and literals:
 ``{name_X}``                           ``"table_X"`` (a trigger, an index, a constraint)
 ``{q_X}`` ``{lit_X}``                  ``'schema."table_X"'`` and ``'table_X'`` as text literals
 ``{schema_name}`` ``{table_name}``     the names as text literals
+``{regclass}``                         ``'schema.table'`` as a text literal (for ``::regclass``)
 ``{opt_X}``                            the pattern option X as a literal
 
 ``install()`` checks the catalogs before every step and returns what it changed: a second run
@@ -174,6 +175,8 @@ def render(text: str, schema: str, table: str, opts: dict | None = None, extra: 
             return ident(schema, table)
         if key == "state":
             return ident(schema, "state")
+        if key == "regclass":
+            return literal(ident(schema, table))
         if key == "schema_name":
             return literal(schema)
         if key == "table_name":
