@@ -33,9 +33,10 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
-from .executor import Connection, NotStarted, Task, connection_settings, group_settings
+from .connect import Connection, connection_settings, group_settings
 from .inputs import Held
 from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, reason, simple_error
+from .task import NotStarted, Task
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 import time
 import uuid
 import weakref
@@ -24,14 +23,15 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq, sql
 from psycopg.adapt import PyFormat, Transformer
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from . import provision, remote, wire
+from . import names, provision, remote, wire
 from . import sql as named
 from .config import SERVICE_KEYS, Entry
-from .executor import CANCELLED, NotStarted, Session, SessionPool, Task, group_settings, run_input
+from .connect import Backoff, group_settings, with_liveness, without_timeouts
+from .executor import Session, SessionPool, run_input
 from .inputs import INLINE, Budget, Held
 from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
@@ -39,6 +39,7 @@ from .metrics import NO_METRICS, Sink
 from .output import DEFAULT_STYLE, ErrorStyle, message, reason, simple_error
 from .slots import Slots
 from .supervise import supervised
+from .task import InFlight, NotStarted, Task
 
 log = logging.getLogger("pgtask.scheduler")
 
@@ -99,8 +100,8 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     columns a repeat copies (see "columns")."""
     ident = sql.Identifier(schema, table)
     cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
-    beside = {f"rel_{kind}": sql.Identifier(schema, provision.liveness_table(table, kind))
-              for kind in provision.LIVENESS_TABLES}
+    beside = {f"rel_{kind}": sql.Identifier(schema, names.liveness_table(table, kind))
+              for kind in names.LIVENESS_TABLES}
     return sql.SQL(named.query("queries.sql", name)).format(
         table=ident, regclass=sql.Literal(ident.as_string(None)), task_columns=sql.SQL(TASK_COLUMNS),
         state=sql.Identifier(schema, "state"), **beside,
@@ -148,48 +149,6 @@ class Options:
     metrics: Sink = NO_METRICS  # what it reports (pgtask/metrics.py)
 
 
-def with_liveness(conninfo: str) -> str:
-    """Let the server notice a vanished service: TCP keepalives, and a running query checks its client
-    every second (client_connection_check_interval) so an orphaned task is cancelled, not finished."""
-    params = conninfo_to_dict(conninfo) if conninfo else {}
-    extra = {k: v for k, v in (("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"),
-                               ("keepalives_count", "3")) if k not in params}
-    options = params.get("options", "")
-    if "client_connection_check_interval" not in options:
-        extra["options"] = (options + " -c client_connection_check_interval=1000").strip()
-    return make_conninfo(conninfo, **extra)
-
-
-# The service's own connections (control, writers, listener, maintenance) set the timeouts their
-# statements need themselves: a role's or database's statement_timeout or lock_timeout (ALTER ROLE
-# ... SET) would cancel claims and finishes -- read as a lost connection -- over and over. Executor
-# sessions start with no statement_timeout either (their preamble would run under it): each task's
-# input gets its own (the row's timeout); the author's lock_timeout and the rest stay theirs.
-OWN_TIMEOUTS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
-
-
-def without_timeouts(conninfo: str, names: tuple[str, ...] = OWN_TIMEOUTS) -> str:
-    """``conninfo`` with the timeouts ``names`` off (0) in its options, unless the options set them."""
-    options = conninfo_to_dict(conninfo).get("options", "") if conninfo else ""
-    extra = " ".join(f"-c {name}=0" for name in names if name not in options)
-    return make_conninfo(conninfo, options=f"{options} {extra}".strip()) if extra else conninfo
-
-
-class Backoff:
-    """Bounded exponential backoff with jitter for reconnects."""
-
-    def __init__(self, first: float = 0.1, cap: float = 3.0):
-        self.first, self.cap, self.delay = first, cap, first
-
-    def next(self) -> float:
-        delay = self.delay * (0.5 + random.random() / 2)
-        self.delay = min(self.delay * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.first
-
-
 class Scheduler:
     def __init__(self, entry: Entry, base_conninfo: str, options: Options):
         self.entry, self.options = entry, options
@@ -203,14 +162,14 @@ class Scheduler:
         self.wake = asyncio.Event()
         self.stopping = False
         self.draining = False
-        self.inflight: dict[int, tuple[Task, Session | None]] = {}
+        self.inflight = InFlight()
         # this scheduler's token: the beginning of the lease of every row it claims (see "lease")
         self.token = str(uuid.uuid4())[:18]
         self.stop_hints = StopHints(lambda task_id: task_id in self.inflight, self.stop_requested, self.cancel,
                                     entry.label())
         self.listener = Listener(
             make_conninfo(self.conninfo, application_name=f"pgtask listen {entry.schema} {entry.table}"),
-            lambda: provision.channel(self.oid), entry.label(), Backoff(), lambda: self.stopping,
+            lambda: names.channel(self.oid), entry.label(), Backoff(), lambda: self.stopping,
             on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint)
         self.drain_cancelled: set[int] = set()
         self.remote_facts: dict = {}  # role -> (when, future of (superuser, encoding)); see remote.py
@@ -509,7 +468,7 @@ class Scheduler:
                 if batch:  # the finishes go to a flusher; the pass runs again without them at once
                     log.info("%s: a claim pass handed its finishes to a writer: %s", self.entry.label(),
                              errors.error_from_result(error, encoding=self.control.info.encoding))
-                    if wire.sqlstate(error) == CANCELLED:  # the finish ran over SLOW_FLUSH: see _pass_finishes
+                    if wire.sqlstate(error) == wire.CANCELLED:  # the finish ran over SLOW_FLUSH: see _pass_finishes
                         self.pass_writes_after = time.monotonic() + self.PASS_WRITES_PAUSE
                     self._give_back(batch)
                     self.wake.set()
@@ -725,7 +684,7 @@ class Scheduler:
                 # a session that lived out count/live ends, as the manual's worker exits; so does one a
                 # large input went out on: libpq keeps the buffer it went out in while the session lives
                 spent = session.spent(task) or (held.large and not keep_session)
-                finished, offerable = task, not spent and not self._keeps_session(task)
+                finished, offerable = task, not spent and not task.keeps_session
                 if offerable:
                     self.finishing[task.id] = session  # see _offers
                 try:
@@ -742,11 +701,6 @@ class Scheduler:
         finally:
             if session is not None:
                 await self.sessions.put(session)
-
-    @staticmethod
-    def _keeps_session(task: Task) -> bool:
-        """Whether the task's session may run the group's next task after it (count/live)."""
-        return task.max >= 0 and (task.count > 0 or task.live_s > 0)
 
     async def read_input(self, task: Task) -> str:
         """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
@@ -815,7 +769,7 @@ class Scheduler:
         if task.id in self.drain_cancelled and error is not None:
             await self.requeue(task)
             return None
-        if self._keeps_session(task):
+        if task.keeps_session:
             async with self.control_lock:
                 finishing = asyncio.ensure_future(self.finish(task, output, error))
                 try:
@@ -964,7 +918,7 @@ class Scheduler:
         """A finish that only finishes (no repeat, no delete) of a task that does not keep its
         session (count/live: its finish is awaited under the control lock, see complete)."""
         return (kind == "f" and not task.repeats and not task.deleted_by(*payload)
-                and not Scheduler._keeps_session(task))
+                and not task.keeps_session)
 
     def _check_flushes(self, delay: float) -> None:
         if self.flush_check is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, _free_port, spi_on, wait_for, wait_for_async
+from support import Service, free_port, spi_on, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
@@ -227,19 +227,19 @@ def test_hostile_names_everywhere(cluster, service_factory, db):
 
 def test_failover_to_promoted_standby(tmp_path, cluster):
     """A multi-host connection string with target_session_attrs=read-write follows a promotion."""
-    primary = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-primary-")), cluster.bindir, port=_free_port())
+    primary = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-primary-")), cluster.bindir, port=free_port())
     primary.init({"wal_level": "replica", "max_wal_senders": "4", "synchronous_standby_names": "'*'",
                   "synchronous_commit": "on"})
     primary.start()
-    standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=_free_port())
+    standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=free_port())
     services: list[Service] = []
     standby.base.mkdir(exist_ok=True)
     standby.socket_dir.mkdir(exist_ok=True)
-    from pgtask.cluster import _grant_path
-    _grant_path(standby.base)
-    _grant_path(standby.socket_dir)
+    from pgtask.cluster import grant_path
+    grant_path(standby.base)
+    grant_path(standby.socket_dir)
     try:
-        standby._run("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(primary.socket_dir),
+        standby.run_tool("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(primary.socket_dir),
                      "-p", str(primary.port), "-U", "postgres")
         with open(standby.data / "postgresql.auto.conf", "a") as f:
             # once promoted it has no synchronous standby of its own to wait for
@@ -260,7 +260,7 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
                          (BODY.format(sleep=0.01),))
             wait_for(lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 50, message="progress")
         primary.stop("immediate")
-        standby._run("pg_ctl", "-D", str(standby.data), "promote", "-w")
+        standby.run_tool("pg_ctl", "-D", str(standby.data), "promote", "-w")
         with psycopg.connect(standby.conninfo(), autocommit=True) as conn:
             conn.execute("INSERT INTO task (input) SELECT %s FROM generate_series(1, 50)",
                          (BODY.format(sleep=0.01),))

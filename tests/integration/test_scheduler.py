@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from support import holding_scheduler, killed_mid_task, wait_for, wait_for_async
 
-from pgtask.executor import Task
 from pgtask.scheduler import TASK_COLUMNS, Scheduler
+from pgtask.task import Task
 
 
 def test_repeat_on_the_plan_grid(db, service):
