@@ -88,7 +88,7 @@ import uvloop
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir
-from pgtask.scheduler import PLANNER_SETTINGS, render_query
+from pgtask.queries import PLANNER_SETTINGS, render_query
 
 ROOT = Path(__file__).resolve().parent.parent
 # 16 groups of pgtask run once more with [pgtask] processes = the CPUs (no goal: the default is one),

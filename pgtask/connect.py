@@ -81,7 +81,7 @@ def group_settings(group: str, schema: str, table: str, oid: int) -> tuple[tuple
 
 
 class Connection:
-    """A connection that runs task input; ``cancel`` is how ``Scheduler.cancel`` cancels it."""
+    """A connection that runs task input; ``cancel`` is how ``runner.Runner.cancel`` cancels it."""
 
     def __init__(self, conn: psycopg.AsyncConnection):
         self.conn = conn

@@ -38,8 +38,8 @@ class Task:
     repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
     input_bytes: int | None = None  # the input's size; input is None when it is larger than inputs.INLINE
     now: object = None
-    session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
-    by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (Scheduler.finish)
+    session_pid: int | None = None  # the claim started it on this idle session (claim.Claimer.claim_pass)
+    by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (completer.Completer.finish)
     waited: float | None = None  # seconds from its plan to its claim (the database's clock)
     claimed_at: float = field(default_factory=time.monotonic)  # the service's clock, for its run time
     stopped: bool = False  # a STOP cancelled it while it ran
@@ -124,3 +124,14 @@ class InFlight(dict):
         """Nothing of the task runs on its connection any more (its input is over)."""
         if (entry := self.get(task_id)) is not None:
             self[task_id] = (entry[0], None)
+
+
+@dataclass
+class Lifecycle:
+    """Where one scheduler is in its life, read by all its parts: ``draining`` (SIGTERM: no more
+    claims, running tasks finish within the grace period), ``stopping`` (closing); ``wake`` wakes
+    its claim loop (a notification, a slot freed, finishes for a claim pass to write)."""
+
+    draining: bool = False
+    stopping: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)

@@ -99,7 +99,7 @@ def hold_claims(sched) -> dict:
         claimed[task.id] = task
         sched.inflight[task.id] = (task, None)
 
-    sched.dispatch = dispatch
+    sched.claimer.dispatch = dispatch
     return claimed
 
 

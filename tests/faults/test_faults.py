@@ -14,6 +14,7 @@ from support import Service, free_port, spi_on, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
+from pgtask.runner import LOST_ATTEMPTS
 from pgtask.scheduler import Scheduler
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
@@ -141,8 +142,8 @@ def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service
     service_factory(db.name)
     task_id = db.insert("SELECT pg_terminate_backend(pg_backend_pid())")
     row = db.wait_state(task_id, timeout=60)
-    assert (row["state"], row["attempt"]) == ("FAIL", Scheduler.LOST_ATTEMPTS), row
-    assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {Scheduler.LOST_ATTEMPTS} "
+    assert (row["state"], row["attempt"]) == ("FAIL", LOST_ATTEMPTS), row
+    assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {LOST_ATTEMPTS} "
                                    "times in a row\nDETAIL:  "), row["error"]
     detail = row["error"].split("\nDETAIL:  ", 1)[1].split("\nSTATEMENT:  ")[0]
     assert detail.startswith(("FATAL:  terminating connection", "server closed the connection")), row["error"]
@@ -324,7 +325,7 @@ def test_a_cancel_that_arrives_late_does_not_reach_the_next_task(db, monkeypatch
     async def during(sched: Scheduler) -> None:
         await wait_for_async(lambda: (entry := sched.inflight.get(first)) is not None and entry[1] is not None,
                              message="the first task to run on its session")
-        cancel = asyncio.create_task(sched.cancel(first))
+        cancel = asyncio.create_task(sched.runner.cancel(first))
         await wait_for_async(lambda: db.task(following)["state"] == "WORK", message="the next task to be WORK")
         assert db.task(first)["state"] == "DONE"
         deliver.set()
@@ -351,7 +352,7 @@ def test_a_lost_control_connection_is_no_orphan_for_another_instance(db):
         async def during(sched: Scheduler) -> None:
             await wait_for_async(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 3,
                                  message="the three tasks to run")
-            control = sched.control.info.backend_pid
+            control = sched.claimer.control.info.backend_pid
             db.execute("SELECT pg_terminate_backend(%s, 5000)", (control,))
             other = db.scheduler()  # another instance: it looks for orphans when it starts
             await other.start()

@@ -14,7 +14,7 @@ from support import wait_for, wait_for_async
 from pgtask import executor, wire
 from pgtask.connect import group_settings
 from pgtask.executor import SessionPool, run_input
-from pgtask.scheduler import TASK_COLUMNS
+from pgtask.queries import TASK_COLUMNS
 from pgtask.task import NotStarted, Task
 
 
@@ -260,7 +260,7 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
 
                 released = asyncio.Event()
 
-                async def start_work() -> bool:  # the service's own TAKE -> WORK, as Scheduler.start_work
+                async def start_work() -> bool:  # the service's own TAKE -> WORK, as completer.Completer.start_work
                     await released.wait()  # (the row is still locked until then)
                     async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
                         cur = await conn.execute("UPDATE task SET state = 'WORK' WHERE id = %s AND lease = %s "

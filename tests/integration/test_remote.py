@@ -54,7 +54,7 @@ def scram_conninfo(c: Cluster, password: str = "bob secret") -> str:
     return f"host=127.0.0.1 port={c.port} dbname=postgres user=bob password='{password}'"
 
 
-# One connection a task (no connecting again after a failed one, see remote.again): pg_task's way,
+# One connection a task (no connecting again after a failed one, see runner.RemoteTarget.again): pg_task's way,
 # for the tests of what a failed connection leaves in the row.
 ONE_CONNECTION = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\nremote_attempts = 1\n'
 
