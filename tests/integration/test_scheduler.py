@@ -232,7 +232,7 @@ def test_a_stopped_task_that_ends_without_a_finish_gives_its_slot_back(db, end):
             claimed = [(await sched.claimer.claim_pass())[0]]
             db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
             claimed.append((await sched.claimer.claim_pass())[0])
-            await getattr(sched, end)(task)
+            await getattr(sched.completer, end)(task)
             row = db.task(a)
             assert (row["state"], row["attempt"], row["stop"] is not None) == ("STOP", 1, True), row
             claimed.append((await sched.claimer.claim_pass())[0])
