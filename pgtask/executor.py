@@ -664,10 +664,7 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
         return await _end_input(session, task, out, err)
-    output = out.value(session.encoding_now())
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(session.encoding_now(), error)
 
 
 async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGresult | None,
@@ -685,7 +682,4 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
         wire.raise_if_lost(end, session.pgconn)
         if end is not None and error is None:
             error = format_error(end, task.input, encoding, style=style)
-    output = out.value(encoding)
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(encoding, error)

@@ -6,9 +6,10 @@ run at once from one process with no thread or process per task.
 
 Per connection: parse ``remote`` (a failure ends the task straight from TAKE), apply the password
 rule, connect with pg_task's ``application_name``, ``options`` and ``client_encoding``; then per
-task: TAKE -> WORK with the remote backend pid, the preamble, the input as one simple query, COMMIT
-of a transaction left open, finish; then, within count/live, the next task of the same group and
-remote on the same connection (after ``DISCARD ALL`` unless the finished task had ``save``).
+task (run): the preamble, TAKE -> WORK with the remote backend pid (awaited from the completer), the
+input as one simple query, COMMIT of a transaction left open. The runner (runner.RemoteTarget)
+finishes it and, within count/live, runs the next task of the same group and remote on the same
+connection (after ``DISCARD ALL``, discard, unless the finished task had ``save``).
 
 A task whose connection failed before its input was sent (the remote server restarting, shutting
 down, full or unreachable) raises Unsent: the runner connects again after a while, up to
@@ -229,10 +230,7 @@ async def _run(remote: RemoteConnection, task: Task, out: Output, started: Await
             end = await wire.simple(pgconn, "COMMIT", enc)
             if end is not None and error is None:
                 error = format_error(end, task.input, enc, style=style)
-    output = out.value(enc)
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(enc, error)
 
 
 async def discard(remote: RemoteConnection) -> str | None:
