@@ -150,12 +150,13 @@ class Claimer:
         finish -- flushes the WAL up to the claim): so the claim is never the reason a task runs twice.
 
         The pass also writes the finishes waiting to be written when no flusher is writing (see
-        completer.Completer.spawn_flusher), first in its transaction: a group whose task finished has room in the claim
-        that follows, so its next task is claimed in the commit that finishes the previous one -- one
-        round trip and one commit instead of a flush and a pass. That commit waits for the WAL flush
-        (the finishes' durability). A pass carrying finishes waits at most SLOW_FLUSH for any lock
-        (a row lock on a finished row, another instance's claim lock): then, or if it fails in any
-        other way, the finishes go to a flusher (see completer.Completer.flush) and the pass runs again without them.
+        completer.Completer.spawn_flusher), first in its transaction: a group whose task finished
+        has room in the claim that follows, so its next task is claimed in the commit that finishes
+        the previous one -- one round trip and one commit instead of a flush and a pass. That commit
+        waits for the WAL flush (the finishes' durability). A pass carrying finishes waits at most
+        SLOW_FLUSH for any lock (a row lock on a finished row, another instance's claim lock): then,
+        or if it fails in any other way, the finishes go to a flusher (see completer.Completer.flush)
+        and the pass runs again without them.
         """
         tasks: list[Task] = []
         async with self.control_lock:

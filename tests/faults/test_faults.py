@@ -357,7 +357,7 @@ def test_a_lost_control_connection_is_no_orphan_for_another_instance(db):
             other = db.scheduler()  # another instance: it looks for orphans when it starts
             await other.start()
             try:
-                await other.reset_orphans()
+                await other.claimer.reset_orphans()
             finally:
                 await other.close()
             assert [db.task(i)["state"] for i in ids] == ["WORK"] * 3  # not orphans: still running
