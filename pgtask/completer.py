@@ -103,7 +103,8 @@ class Completer:
         """DONE/FAIL (STOP stays), the next repeat, delete: one fenced transaction shared with other
         tasks' finishes (group commit); a task pausing its group (negative max) has its own."""
         alone = task.max < 0
-        written = await (self._finish_one(task, output, error) if alone else self._submit(FinishWrite(task, self._future(), output, error)))
+        written = await (self._finish_one(task, output, error) if alone
+                         else self._submit(FinishWrite(task, self._future(), output, error)))
         if written is REFUSED:  # still WORK, its lock held (see _write_refused); its session moves on
             self.inflight.detach(task.id)
             return
