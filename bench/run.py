@@ -88,7 +88,7 @@ import uvloop
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir
-from pgtask.scheduler import PLANNER_SETTINGS, render_query
+from pgtask.queries import PLANNER_SETTINGS, render_query
 
 ROOT = Path(__file__).resolve().parent.parent
 # 16 groups of pgtask run once more with [pgtask] processes = the CPUs (no goal: the default is one),
@@ -214,7 +214,7 @@ class Bench:
     def reserve_huge_pages(self) -> None:
         """--huge-pages: as many 2 MB pages reserved (vm.nr_hugepages) as the cluster's shared memory
         needs, if fewer are; the previous count is restored by close()."""
-        need = int(self.cluster._run("postgres", "-D", str(self.cluster.data), "-C",
+        need = int(self.cluster.run_tool("postgres", "-D", str(self.cluster.data), "-C",
                                      "shared_memory_size_in_huge_pages").stdout.strip())
         have = int(NR_HUGEPAGES.read_text())
         if have >= need:

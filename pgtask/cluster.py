@@ -102,7 +102,7 @@ def server_reaches(path: Path, test: str = "-x") -> bool:
     return not kwargs or subprocess.run(["test", test, str(path)], check=False, **kwargs).returncode == 0
 
 
-def _grant_path(path: Path) -> None:
+def grant_path(path: Path) -> None:
     """As root, make ``path`` owned by the server user."""
     entry = _server_user()
     if entry is not None:
@@ -213,7 +213,7 @@ class Cluster:
         return {"PGHOST": str(self.socket_dir), "PGPORT": str(self.port), "PGUSER": self.superuser,
                 "PGDATABASE": "postgres"}
 
-    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def run_tool(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run([str(server_bindir(self.bindir) / args[0]), *args[1:]], capture_output=True,
                                 text=True, check=False, **_as_server_user())
         if check and result.returncode != 0:
@@ -231,8 +231,8 @@ class Cluster:
                 self._relocate()
         self.home.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
-        _grant_path(self.home)
-        _grant_path(self.socket_dir)
+        grant_path(self.home)
+        grant_path(self.socket_dir)
 
     def _relocate(self) -> None:
         """Make ``base`` a link to a directory in SERVER_HOME, one per ``base`` path."""
@@ -250,7 +250,7 @@ class Cluster:
 
     def init(self, settings: dict[str, str] | None = None) -> None:
         self.prepare()
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", self.superuser, "--no-sync",
+        self.run_tool("initdb", "-D", str(self.data), "-A", "trust", "-U", self.superuser, "--no-sync",
                   "-E", "UTF8", "--locale=C")
         conf = {
             "listen_addresses": "''",
@@ -265,12 +265,12 @@ class Cluster:
             f.writelines(f"{key} = {value}\n" for key, value in conf.items())
 
     def running(self) -> bool:
-        return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0
+        return self.run_tool("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0
 
     def start(self) -> None:
         if self.running():
             return
-        result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start",
+        result = self.run_tool("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start",
                            check=False)
         if result.returncode != 0:
             tail = self.log.read_text()[-2000:] if self.log.exists() else ""
@@ -278,7 +278,7 @@ class Cluster:
 
     def stop(self, mode: str = "fast") -> None:
         if self.initialized() and self.running():
-            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+            self.run_tool("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)

@@ -78,7 +78,7 @@ SERVICE_KEYS: dict[str, tuple[type, Any]] = {
     "connecting": (int, 4),          # executor sessions being opened at once per scheduler, at most
     "max_sessions": (int, 0),        # executor sessions open at once per scheduler; 0 = derived (slots.py)
     "remote_attempts": (int, 6),     # connections a remote task tries while each fails before its input is sent
-    "remote_backoff": (float, 1.0),  # s before the second of them; doubling, at most 60 s (remote.py)
+    "remote_backoff": (float, 1.0),  # s before the second of them; doubling, at most 60 s (runner.RemoteTarget.again)
     "processes": (int, 1),           # service processes claiming and running tasks (supervisor.Workers)
     "input_budget": (int, 64 * 1024 * 1024),  # bytes of large task input held at once per process (inputs.py)
     # maintenance (pgtask/maintenance.py; docs/schedules.md)

@@ -16,10 +16,8 @@ import collections
 import functools
 import logging
 import re
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import pglast
 import psycopg
@@ -28,77 +26,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import spi as spi_mode
 from . import wire
+from .connect import Connection, connection_settings, group_settings
 from .inputs import INLINE
-from .output import DEFAULT_STYLE, ErrorStyle, Format, Output, format_error, reason, simple_error
-from .provision import function_name
+from .names import function_name
+from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, reason, simple_error
 from .slots import Slots, refused_for_slots
+from .task import NotStarted, Task
 
 log = logging.getLogger("pgtask.executor")
 
 _SLOT = object()  # SessionPool: a connection slot handed to a waiting task
-
-
-@dataclass
-class Task:
-    """A claimed row: what the executor needs, read once at claim time (frozen after PLAN)."""
-
-    id: int
-    attempt: int
-    lease: object
-    group: str
-    remote: str | None
-    max: int
-    user: str
-    input: str
-    timeout_ms: int
-    header: bool
-    string: bool
-    null: str
-    delimiter: str
-    quote: str
-    escape: str
-    save: bool
-    count: int
-    live_s: float
-    delete: bool
-    repeats: bool = False  # repeat > 0: its finish inserts the next occurrence
-    input_bytes: int | None = None  # the input's size; input is None when it is larger than inputs.INLINE
-    now: object = None
-    session_pid: int | None = None  # the claim started it on this idle session (Scheduler.claim_pass)
-    by_pass: bool = False  # a claim pass wrote its finish, and claimed after it (Scheduler.finish)
-    waited: float | None = None  # seconds from its plan to its claim (the database's clock)
-    claimed_at: float = field(default_factory=time.monotonic)  # the service's clock, for its run time
-    stopped: bool = False  # a STOP cancelled it while it ran
-    extra: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_rows(cls, names: list[str], rows) -> list[Task]:
-        """Tasks from result rows (sequences) whose columns are ``names`` (a claim's: it returns more)."""
-        keep = [(i, name) for i, name in enumerate(names) if name in cls.__dataclass_fields__ and name != "extra"]
-        return [cls(**{name: row[i] for i, name in keep}) for row in rows]
-
-    @classmethod
-    def from_row(cls, row: dict) -> Task:
-        """A Task from one result row as a dict (see from_rows)."""
-        return cls.from_rows(list(row), [list(row.values())])[0]
-
-    @property
-    def fence(self) -> dict:
-        return {"id": self.id, "attempt": self.attempt, "lease": self.lease}
-
-    def deleted_by(self, output: str | None, error: str | None) -> bool:
-        """Whether the finish of (output, error) deletes the row: the manual's delete, for a task
-        that ended with neither."""
-        return self.delete and output is None and error is None
-
-    def format(self) -> Format:
-        return _format(self.delimiter, self.quote, self.escape, self.null, self.header, self.string)
-
-
-@functools.lru_cache(maxsize=256)
-def _format(delimiter: str, quote: str, escape: str, null: str, header: bool, string: bool) -> Format:
-    """A task's output format (immutable: one for all tasks formatting alike)."""
-    return Format(delimiter=delimiter, quote=quote, escape=escape, null=null, header=header, string=string)
 
 
 _COPY = re.compile("copy", re.IGNORECASE)
@@ -117,51 +54,6 @@ def refused_copy(text: str) -> str | None:
         if type(stmt).__name__ == "CopyStmt" and stmt.filename is None and not stmt.is_program:
             return "COPY FROM STDIN is not supported" if stmt.is_from else "COPY TO STDOUT is not supported"
     return None
-
-
-class Connection:
-    """A connection that runs task input; ``cancel`` is how ``Scheduler.cancel`` cancels it."""
-
-    def __init__(self, conn: psycopg.AsyncConnection):
-        self.conn = conn
-        self.pgconn: pq.abc.PGconn = conn.pgconn
-        self.pid: int = conn.info.backend_pid
-        # The connection's own client_encoding, which a session reset restores (read once: psycopg
-        # builds a ConnectionInfo for every .info).
-        self.encoding: str = conn.info.encoding
-        self.pg_encoding = self.pgconn.parameter_status(b"client_encoding")
-        self.cancels = 0  # cancel requests on their way to the server (see cancel)
-        self.no_cancels = asyncio.Event()
-        self.no_cancels.set()
-
-    async def cancel(self) -> None:
-        """Cancel the query in flight (a STOP, the shutdown's grace period over). Until the server
-        has taken the request, nothing more is sent on this connection (see settled): the query
-        may end meanwhile, and a cancel that reached the server after the next task's query would
-        cancel that one instead."""
-        self.cancels += 1
-        self.no_cancels.clear()
-        try:
-            await self.conn.cancel_safe()
-        finally:
-            self.cancels -= 1
-            if not self.cancels:
-                self.no_cancels.set()
-
-    async def settled(self) -> None:
-        """Wait for the cancel requests in flight (see cancel): once the server has taken one, it
-        cancels the query running then, or none (an idle session ignores it)."""
-        if self.cancels:
-            await self.no_cancels.wait()
-
-    def encoding_changed(self) -> bool:
-        """Whether a task's input changed the connection's client encoding (SET client_encoding,
-        SET NAMES); the server reports a change once its query is over."""
-        return self.pgconn.parameter_status(b"client_encoding") != self.pg_encoding
-
-    def encoding_now(self) -> str:
-        """The client encoding the server sends text in now (see encoding_changed)."""
-        return self.conn.info.encoding if self.encoding_changed() else self.encoding
 
 
 # DISCARD ALL without DISCARD PLANS: everything a task can see of its session is reset (settings,
@@ -468,14 +360,14 @@ class SessionPool:
         refused: psycopg.OperationalError | None = None  # the role's own login, refused
         if use_login or user == self.service_user:
             try:
-                conn = await psycopg.AsyncConnection.connect(self._conninfo(settings, user), autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.session_conninfo(settings, user), autocommit=True)
                 return await Session.opened(conn, user, set_role=False, settings=settings, reloads=self.reloads)
             except psycopg.OperationalError as exc:
                 if self.mode == "login" or "not permitted to log in" not in str(exc) and \
                         "authentication failed" not in str(exc) and "no pg_hba.conf entry" not in str(exc):
                     raise
                 refused = exc
-        conn = await psycopg.AsyncConnection.connect(self._conninfo(settings), autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self.session_conninfo(settings), autocommit=True)
         if refused is not None and user != self.service_user:  # auto, and the role's login was refused
             await self._fall_back(conn, user, refused)
         return await Session.opened(conn, user, set_role=True, settings=settings, reloads=self.reloads)
@@ -500,7 +392,7 @@ class SessionPool:
             f"and a way for the service to log in as it (a peer map, trust on the local socket, .pgpass), "
             f'or set execute_as = "set_role" if every task author is trusted as the service role.')
 
-    def _conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
+    def session_conninfo(self, settings: tuple[tuple[str, str], ...], user: str | None = None) -> str:
         """The base connection string as ``user`` with ``settings`` (see connection_settings)."""
         return make_conninfo(self.base, **({"user": user} if user else {}),
                              **connection_settings(settings, self.base_options))
@@ -586,30 +478,6 @@ class SessionPool:
             for session in pool:
                 await session.conn.close()
         self.idle.clear()
-
-
-def escape_option(value: str) -> str:
-    """A value inside libpq's ``options``: backslash and whitespace get a backslash before them."""
-    return re.sub(r"([\\\s])", r"\\\1", value)
-
-
-def connection_settings(settings: tuple[tuple[str, str], ...], options: str | None) -> dict[str, str]:
-    """``settings`` as connection parameters: application_name as itself, the others as ``-c``
-    options after ``options`` (the connection string's own)."""
-    own = dict(settings)
-    params = {"application_name": own.pop("application_name")} if "application_name" in own else {}
-    extra = " ".join(f"-c {name}={escape_option(value)}" for name, value in own.items())
-    if extra:
-        params["options"] = f"{options} {extra}" if options else extra
-    return params
-
-
-@functools.lru_cache(maxsize=1024)
-def group_settings(group: str, schema: str, table: str, oid: int) -> tuple[tuple[str, str], ...]:
-    """What the manual's worker sets for every task of a group: pg_task.group, .schema, .table,
-    .oid and application_name. A session is opened with them (SessionPool.get)."""
-    return (("pg_task.group", group), ("pg_task.schema", schema), ("pg_task.table", table),
-            ("pg_task.oid", str(oid)), ("application_name", f"pg_task {schema} {table} {group}"))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -724,13 +592,6 @@ async def run_preamble(session: Session, text: str) -> tuple[pq.abc.PGresult | N
     return None, res.get_value(0, 0) == b"t", raw.decode(session.encoding) if raw is not None else None
 
 
-CANCELLED = "57014"  # query_canceled: a cancel request, or statement_timeout
-
-
-class NotStarted(Exception):
-    """The task's start was not confirmed (its lease was lost): its input was not sent."""
-
-
 async def run_input(session: Session, task: Task, schema: str, table: str, oid: int,
                     output_limit: int, spi: bool = False,
                     start_work: Callable[[], Awaitable[bool]] | None = None) -> tuple[str | None, str | None]:
@@ -765,7 +626,7 @@ async def run_input(session: Session, task: Task, schema: str, table: str, oid: 
         if session.pgconn.transaction_status == pq.TransactionStatus.INERROR:  # the preamble's block
             wire.raise_if_lost(await wire.simple(session.pgconn, "ROLLBACK", session.encoding), session.pgconn)
         session.needs_reset = True
-        cancelled = failed.result if wire.sqlstate(failed.result) == CANCELLED else None
+        cancelled = failed.result if wire.sqlstate(failed.result) == wire.CANCELLED else None
         return await _two_trips(session, task, schema, table, oid, out, spi, start_work, cancelled)
     session.needs_reset = True
     return await _end_input(session, task, out, err, offset=len(lead))
@@ -803,10 +664,7 @@ async def _two_trips(session: Session, task: Task, schema: str, table: str, oid:
     else:
         err = await wire.run(session.pgconn, task.input, out, local=True, encoding=session.encoding)
         return await _end_input(session, task, out, err)
-    output = out.value(session.encoding_now())
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(session.encoding_now(), error)
 
 
 async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGresult | None,
@@ -824,7 +682,4 @@ async def _end_input(session: Session, task: Task, out: Output, err: pq.abc.PGre
         wire.raise_if_lost(end, session.pgconn)
         if end is not None and error is None:
             error = format_error(end, task.input, encoding, style=style)
-    output = out.value(encoding)
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(encoding, error)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
-    from .executor import Task
+    from .task import Task
 
 INLINE = 64 * 1024  # bytes: an input up to this size comes with its claim
 

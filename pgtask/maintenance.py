@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 
 from . import sql as named
 from .cron import Cron, CronError
+from .names import table_names
 
 log = logging.getLogger("pgtask.maintenance")
 
@@ -53,15 +54,6 @@ class MaintenanceOptions:
     def from_service(cls, values: dict[str, Any]) -> MaintenanceOptions:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def table_names(schema: str, table: str) -> dict[str, sql.Composable]:
-    from .provision import EXTRA_TABLES, _ident_name
-    ids: dict[str, sql.Composable] = {"table": sql.Identifier(schema, table),
-                                      "enqueue": sql.Identifier(schema, _ident_name(f"{table}_enqueue"))}
-    for kind, suffix in EXTRA_TABLES.items():
-        ids[kind] = sql.Identifier(schema, _ident_name(f"{table}_{suffix}"))
-    return ids
 
 
 class _Queries:

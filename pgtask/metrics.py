@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 
 from . import sql as named
 from .config import ConfigError, Entry, parse_listen
-from .maintenance import table_names
+from .names import table_names
 
 log = logging.getLogger("pgtask.metrics")
 

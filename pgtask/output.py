@@ -74,6 +74,13 @@ class Output:
         self.pieces += 1
         self._append(text.replace("\x00", "\ufffd") if "\x00" in text else text)
 
+    def outcome(self, encoding: str | None, error: str | None) -> tuple[str | None, str | None]:
+        """A run's (output, error): the output (see value), empty rather than NULL beside an error."""
+        output = self.value(encoding)
+        if error is not None and output is None:
+            output = ""
+        return output, error
+
     def value(self, encoding: str | None = None) -> str | None:
         """The output; ``encoding``: the connection's client encoding now, after the input. If the
         input changed it, what came after the change is in that encoding: the text is decoded again

@@ -14,6 +14,15 @@ import psycopg
 from psycopg import sql
 
 from . import sql as named
+from .names import (
+    EXTRA_TABLES,
+    LIVENESS_TABLES,
+    author_role,
+    channel,
+    function_name,
+    ident_name,
+    liveness_table,
+)
 
 # Column name -> SQL type, in the manual's order, plus attempt/lease for fencing.
 COLUMNS: dict[str, str] = {
@@ -106,11 +115,6 @@ class Report:
         self.actions.append(what)
 
 
-def channel(table_oid: int) -> str:
-    """The NOTIFY channel of a task table."""
-    return f"pg_task_{table_oid}"
-
-
 async def _one(conn: psycopg.AsyncConnection, query, params=()) -> tuple | None:
     cur = await conn.execute(query, params)
     return await cur.fetchone()
@@ -142,11 +146,11 @@ class TableProvisioner:
             "table": sql.Identifier(schema, table),
             "state": sql.Identifier(schema, "state"),
             # the roles the service runs as for this table (see "update" in triggers.sql)
-            "service": sql.Identifier(schema, _ident_name(f"{table}_service")),
+            "service": sql.Identifier(schema, ident_name(f"{table}_service")),
             # whether a role writes for the service (is_service in schedule.sql): every guard asks it
-            "is_service": sql.Identifier(schema, _ident_name(f"{table}_is_service")),
+            "is_service": sql.Identifier(schema, ident_name(f"{table}_is_service")),
             # the names of a jsonb of task columns a user may not set (unsettable in schedule.sql)
-            "unsettable": sql.Identifier(schema, _ident_name(f"{table}_unsettable")),
+            "unsettable": sql.Identifier(schema, ident_name(f"{table}_unsettable")),
         }
         self.name = f"{schema}.{table}"
 
@@ -339,7 +343,7 @@ class TableProvisioner:
                               (self.name_literal(),))
         have = {r[0] for r in await cur.fetchall()}
         for col, check in CHECKS.items():
-            name = _ident_name(f"{self.table}_{col}_check")
+            name = ident_name(f"{self.table}_{col}_check")
             if name not in have:
                 await c.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK ({})").format(
                     self.ids["table"], sql.Identifier(name), sql.SQL(check)))
@@ -351,7 +355,7 @@ class TableProvisioner:
             WHERE x.indrelid = %s::regclass""", (self.name_literal(),))
         have = {r[0] for r in await cur.fetchall()}
         for suffix, query_name in INDEXES.items():
-            name = _ident_name(f"{self.table}_{suffix}")
+            name = ident_name(f"{self.table}_{suffix}")
             if name not in have:
                 await c.execute(self.q("table.sql", query_name, index=sql.Identifier(name)))
                 self.report.add(f"created index {name}")
@@ -383,7 +387,7 @@ class TableProvisioner:
         _group; <table>_enqueue(), <table>_schedule_next(); the capacity trigger on the task table;
         the view <table>_open, the row-level security of _key and _schedule, the authors' role."""
         c = self.conn
-        ids = {**self.ids, **{kind: sql.Identifier(self.schema, _ident_name(f"{self.table}_{suffix}"))
+        ids = {**self.ids, **{kind: sql.Identifier(self.schema, ident_name(f"{self.table}_{suffix}"))
                               for kind, suffix in {**EXTRA_TABLES, "open": OPEN_VIEW}.items()},
                "regclass": sql.Literal(self.name_literal()), "channel": sql.Literal(channel(oid))}
 
@@ -391,7 +395,7 @@ class TableProvisioner:
             return sql.SQL(named.query("schedule.sql", name)).format(**ids, **extra)
 
         for kind, suffix in EXTRA_TABLES.items():
-            rel = _ident_name(f"{self.table}_{suffix}")
+            rel = ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
                 await c.execute(q(f"create_{kind}"))
                 await c.execute(q(f"comment_{kind}"))
@@ -402,18 +406,18 @@ class TableProvisioner:
                         ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
-            rel = _ident_name(f"{self.table}_{suffix}")
+            rel = ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
                 await c.execute(q(query_name, index=sql.Identifier(rel)))
                 self.report.add(f"created index {rel}")
         for suffix in OBSOLETE_INDEXES:
-            rel = _ident_name(f"{self.table}_{suffix}")
+            rel = ident_name(f"{self.table}_{suffix}")
             if await _one(c, "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND indrelid = %s",
                           (sql.Identifier(self.schema, rel).as_string(c), oid)) is not None:
                 await c.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(self.schema, rel)))
                 self.report.add(f"dropped index {self.schema}.{rel} (no longer used)")
         for suffix, (query_name, trigger_on) in EXTRA_FUNCTIONS.items():
-            fn_name = _ident_name(f"{self.table}_{suffix}")
+            fn_name = ident_name(f"{self.table}_{suffix}")
             create_fn = q(query_name, fn=sql.Identifier(self.schema, fn_name))
             body = create_fn.as_string(c).split("$body$")[1]
             row = await _one(c, """SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -427,14 +431,14 @@ class TableProvisioner:
             if trigger_on is None:
                 continue
             target = self.name_literal() if trigger_on == "table" else sql.Identifier(
-                self.schema, _ident_name(f"{self.table}_{EXTRA_TABLES[trigger_on]}")).as_string(c)
+                self.schema, ident_name(f"{self.table}_{EXTRA_TABLES[trigger_on]}")).as_string(c)
             have = await _one(c, "SELECT 1 FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s",
                               (target, fn_name))
             if have is None:
                 await c.execute(q(f"{query_name}_trigger", fn=sql.Identifier(self.schema, fn_name),
                                   trigger=sql.Identifier(fn_name)))
                 self.report.add(f"created trigger {fn_name}")
-        rel = _ident_name(f"{self.table}_{OPEN_VIEW}")
+        rel = ident_name(f"{self.table}_{OPEN_VIEW}")
         if await self._relation(rel) is None:  # after is_service, which it asks
             await c.execute(q("create_open"))
             await c.execute(q("comment_open"))
@@ -450,7 +454,7 @@ class TableProvisioner:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
         table is converted; the row-level security policy keeps a role to its rows: _policy)."""
         c = self.conn
-        rel = _ident_name(f"{self.table}_{EXTRA_TABLES['keys']}")
+        rel = ident_name(f"{self.table}_{EXTRA_TABLES['keys']}")
         regclass = keys.as_string(c)
         if await _one(c, "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'user' "
                          "AND NOT attisdropped", (regclass,)) is None:
@@ -464,8 +468,8 @@ class TableProvisioner:
 
     async def _policy(self, kind: str, query_name: str, q) -> None:
         """The row-level security that keeps a role to its own rows of a table beside the task table."""
-        rel = _ident_name(f"{self.table}_{EXTRA_TABLES[kind]}")
-        policy = _ident_name(f"{rel}_role")
+        rel = ident_name(f"{self.table}_{EXTRA_TABLES[kind]}")
+        policy = ident_name(f"{rel}_role")
         if await _one(self.conn, "SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s",
                       (sql.Identifier(self.schema, rel).as_string(self.conn), policy)) is None:
             await self.conn.execute(q(query_name, policy=sql.Identifier(policy)))
@@ -510,9 +514,6 @@ class TableProvisioner:
             WHERE n.nspname = %s AND c.relname = %s""", (self.schema, name))
 
 
-# placeholder -> table name suffix (the table is <task table>_<suffix> in the same schema)
-EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group",
-                "service": "service"}
 # index name suffix -> (table it is on, query in schedule.sql)
 EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
                  "key_expires_idx": ("keys", "index_keys_expires")}
@@ -552,33 +553,6 @@ AUTHOR_TARGETS = {
     "SEQUENCE": "pg_get_serial_sequence(%s, 'id')::regclass",
     "FUNCTION": "%s::regproc::oid::regprocedure",
 }
-
-
-def author_role(table: str) -> str:
-    """The NOLOGIN role provisioning creates for a task table's authors, ``<table>_user``: granted
-    to a role, it holds every privilege that role needs to schedule work (docs/security.md).
-    Roles are the cluster's: one per table name, for the tables of that name in every database."""
-    return function_name(table, "user")
-# the tables of the claim lock and of the running instances (sql/liveness.sql): <table>_<kind>
-LIVENESS_TABLES = ("claim", "instance")
-
-
-def liveness_table(table: str, kind: str) -> str:
-    """The name of a table's claim lock table (``kind`` claim) or instance table (instance)."""
-    return _ident_name(f"{table}_{kind}")
-
-
-def function_name(table: str, kind: str) -> str:
-    """The name of a table's trigger function or helper function (``<table>_<kind>``)."""
-    return _ident_name(f"{table}_{kind}")
-
-
-def _ident_name(name: str) -> str:
-    """PostgreSQL truncates identifiers to 63 bytes; compare names the way the catalog stores them."""
-    raw = name.encode()
-    if len(raw) <= 63:
-        return name
-    return raw[:63].decode(errors="ignore")
 
 
 async def provision_table(conn: psycopg.AsyncConnection, schema: str, table: str, report: Report,

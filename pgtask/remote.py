@@ -1,18 +1,20 @@
 """Remote execution (spec section 6): a task whose ``remote`` is set runs on another server.
 
-The scheduler drives every remote connection itself on its own event loop -- psycopg's asynchronous
+The service drives every remote connection itself on its own event loop -- psycopg's asynchronous
 connect, then libpq's non-blocking query interface through ``wire`` -- so hundreds of remote tasks
 run at once from one process with no thread or process per task.
 
 Per connection: parse ``remote`` (a failure ends the task straight from TAKE), apply the password
 rule, connect with pg_task's ``application_name``, ``options`` and ``client_encoding``; then per
-task: TAKE -> WORK with the remote backend pid, the preamble, the input as one simple query, COMMIT
-of a transaction left open, finish; then, within count/live, the next task of the same group and
-remote on the same connection (after ``DISCARD ALL`` unless the finished task had ``save``).
+task (run): the preamble, TAKE -> WORK with the remote backend pid (awaited from the completer), the
+input as one simple query, COMMIT of a transaction left open. The runner (runner.RemoteTarget)
+finishes it and, within count/live, runs the next task of the same group and remote on the same
+connection (after ``DISCARD ALL``, discard, unless the finished task had ``save``).
 
 A task whose connection failed before its input was sent (the remote server restarting, shutting
-down, full or unreachable) connects again after a while (see again), up to ``remote_attempts``
-connections; one whose input may have run fails as pg_task's does.
+down, full or unreachable) raises Unsent: the runner connects again after a while, up to
+``remote_attempts`` connections (runner.RemoteTarget.again); one whose input may have run fails as
+pg_task's does.
 
 Connection strings are never logged: they may hold passwords.
 """
@@ -24,40 +26,26 @@ import contextlib
 import functools
 import logging
 import os
-import random
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
-from .executor import Connection, NotStarted, Task, connection_settings, group_settings
-from .inputs import Held
-from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, reason, simple_error
-
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+from .connect import Connection, connection_settings, group_settings
+from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, simple_error
+from .task import NotStarted, Task
 
 log = logging.getLogger("pgtask.remote")
 
 # Seconds a remote connection may take when neither ``remote`` nor PGCONNECT_TIMEOUT bounds it.
 DEFAULT_CONNECT_TIMEOUT = 10
 
-# About the task's author, asked in the local database before connecting (the password rule).
-LOCAL_FACTS = """SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = %s), false),
-    current_setting('server_encoding')"""
-
 PASSWORD_REQUIRED = "password is required"
 NO_PASSWORD_KEYWORD = "Non-superusers must provide a password in the connection string."
 PASSWORD_NOT_USED = "Non-superuser cannot connect if the server does not request a password."
 PASSWORD_NOT_USED_HINT = "Target server's authentication method must be changed."
-
-# Seconds a remote task whose connection failed before its input was sent waits, at most, before it
-# connects again (see again).
-REMOTE_BACKOFF_CAP = 60.0
-DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the service drains
 
 
 class RemoteConnection(Connection):
@@ -72,7 +60,7 @@ class RemoteConnection(Connection):
 
 class Unsent(Exception):
     """The task's connection failed before its input was sent: ``error`` is the task's error if it
-    does not connect again (see again)."""
+    does not connect again (see runner.RemoteTarget.again)."""
 
     def __init__(self, error: str):
         super().__init__(error)
@@ -139,48 +127,48 @@ def _connect_error(text: str) -> str:
 FACTS_TTL = 2.0  # seconds a role's superuser flag is trusted without asking again
 
 
-async def _local_facts(sched: Scheduler, user: str) -> tuple[bool, str]:
-    """(is task.user a superuser, the local database's encoding).
+class LocalFacts:
+    """(is a role a superuser, the local database's encoding), asked through ``lookup``.
 
     Remote tasks of one role starting together share one lookup, and its answer is kept for
     FACTS_TTL seconds: a thousand tasks cost one query, not a thousand round trips on the writers.
     """
-    cache = sched.remote_facts
-    loop = asyncio.get_running_loop()
-    entry = cache.get(user)
-    if entry is None or (entry[1].done() and loop.time() - entry[0] > FACTS_TTL):
-        entry = (loop.time(), asyncio.ensure_future(_lookup(sched, user)))
-        cache[user] = entry
-    try:
-        return await asyncio.shield(entry[1])
-    except psycopg.Error:
-        cache.pop(user, None)  # a failed lookup is not cached
-        raise
+
+    def __init__(self, lookup: Callable[[str], Awaitable[tuple[bool, str]]]):
+        self.lookup = lookup
+        self.cache: dict = {}  # role -> (when, future of (superuser, encoding))
+
+    async def __call__(self, user: str) -> tuple[bool, str]:
+        cache = self.cache
+        loop = asyncio.get_running_loop()
+        entry = cache.get(user)
+        if entry is None or (entry[1].done() and loop.time() - entry[0] > FACTS_TTL):
+            entry = (loop.time(), asyncio.ensure_future(self.lookup(user)))
+            cache[user] = entry
+        try:
+            return await asyncio.shield(entry[1])
+        except psycopg.Error:
+            cache.pop(user, None)  # a failed lookup is not cached
+            raise
 
 
-async def _lookup(sched: Scheduler, user: str) -> tuple[bool, str]:
-    async with sched.writers.connection() as conn:
-        cur = await conn.execute(LOCAL_FACTS, (user,))
-        superuser, encoding = await cur.fetchone()
-    return bool(superuser), encoding
-
-
-async def connect(sched: Scheduler, task: Task) -> tuple[RemoteConnection | None, str | None]:
-    """Open the remote connection of ``task``: (connection, None) or (None, the task's error);
-    raises Unsent when connecting failed (a try later may succeed)."""
+async def connect(task: Task, facts: LocalFacts, schema: str, table: str,
+                  oid: int) -> tuple[RemoteConnection | None, str | None]:
+    """Open the remote connection of ``task`` (of the table ``schema``.``table``, ``oid``):
+    (connection, None) or (None, the task's error); raises Unsent when connecting failed (a try
+    later may succeed)."""
     try:
         user_params = dict(parse_remote(task.remote))
     except psycopg.Error as exc:
         return None, simple_error("PQconninfoParse failed", message(exc))
     try:
-        superuser, encoding = await _local_facts(sched, task.user)
+        superuser, encoding = await facts(task.user)
     except psycopg.Error as exc:  # the local server, asked about the task's role
         raise Unsent(simple_error(f"could not look up role {task.user}", message(exc))) from exc
     if not superuser and not user_params.get("password"):
         # Otherwise the service's own credentials (PGPASSWORD, .pgpass) would be used for the author.
         return None, simple_error(PASSWORD_REQUIRED, NO_PASSWORD_KEYWORD)
-    params = connect_params(user_params, sched.entry.schema, sched.entry.table, sched.oid, task.group,
-                            encoding)
+    params = connect_params(user_params, schema, table, oid, task.group, encoding)
     try:
         conn = await psycopg.AsyncConnection.connect(conninfo(params), autocommit=True,
                                                      prepare_threshold=None)
@@ -242,106 +230,10 @@ async def _run(remote: RemoteConnection, task: Task, out: Output, started: Await
             end = await wire.simple(pgconn, "COMMIT", enc)
             if end is not None and error is None:
                 error = format_error(end, task.input, enc, style=style)
-    output = out.value(enc)
-    if error is not None and output is None:
-        output = ""
-    return output, error
+    return out.outcome(enc, error)
 
 
-async def execute(sched: Scheduler, task: Task) -> None:
-    """Run a claimed remote task and, within count/live, more of its group on the same connection."""
-    remote: RemoteConnection | None = None
-    done = 0
-    born = task.now
-    spawner_max = task.max
-    tries = 1  # connections of this task so far (see again)
-    try:
-        while task is not None:
-            if remote is None:
-                try:
-                    remote, error = await connect(sched, task)
-                except Unsent as unsent:
-                    if not await again(sched, task, unsent.error, tries):
-                        return
-                    tries += 1
-                    continue
-                if remote is None:
-                    log.info("task %s: remote connection refused or failed: %s", task.id,
-                             error.splitlines()[-1] if error else "")
-                    await sched.finish(task, "", error)
-                    return
-            sched.inflight[task.id] = (task, remote)
-            try:
-                async with Held(sched.options.inputs, task, sched.read_input) as held:
-                    output, error = await run(remote, task, sched.options.output_limit,
-                                              started=sched.start_work(task, remote.pid), style=sched.error_style)
-            except NotStarted:
-                await sched.not_started(task)
-                return
-            except Lost as lost:
-                log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
-                await remote.close()
-                remote = None
-                error = simple_error("PQconsumeInput failed", message(lost.exc), statement=task.input,
-                                     style=sched.error_style)
-                if lost.sent:  # its input may have run: it is not run again (pg_task's rule)
-                    await sched.finish(task, lost.output or "", error)
-                    return
-                if not await again(sched, task, error, tries):
-                    return
-                tries += 1
-                continue
-            except Exception as exc:  # noqa: BLE001 -- any bug of ours: see Scheduler.failed_in_service
-                await remote.close()
-                remote = None
-                await sched.failed_in_service(task, exc)
-                return
-            done += 1
-            tries = 1
-            finished = task
-            task = await sched.complete(finished, output, error, spawner_max, done, born)
-            if task is not None and not finished.save and remote is not None and held.large:
-                await remote.close()  # libpq keeps the buffer the input went out in while it lives
-                remote = None
-            elif task is not None and not finished.save and remote is not None:
-                err = await _discard(remote)
-                if err is not None:
-                    log.warning("task %s: DISCARD ALL failed (%s); reconnecting", finished.id, err)
-                    await remote.close()
-                    remote = None
-    finally:
-        if remote is not None:
-            await remote.close()
-
-
-async def again(sched: Scheduler, task: Task, error: str, tries: int) -> bool:
-    """The ``tries``-th connection of ``task`` failed before its input was sent: whether to connect
-    again, after waiting ``remote_backoff`` seconds, doubling with every try up to REMOTE_BACKOFF_CAP,
-    with jitter (the tasks a server restart turned away do not all come back at once). The task
-    keeps its claim meanwhile (TAKE, its group's slot: the group's next task would meet the same
-    server). After ``remote_attempts`` connections it fails with ``error``, the last reason; when
-    the service drains, it goes back to PLAN."""
-    attempts = sched.options.remote_attempts
-    if tries >= attempts:
-        log.warning("task %s: remote connection failed before its input was sent (%s), %s of %s: it fails",
-                    task.id, error.splitlines()[-1].strip(), tries, attempts)
-        await sched.finish(task, "", error)
-        return False
-    sched.inflight[task.id] = (task, None)  # no query of it to cancel meanwhile
-    delay = min(sched.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
-    log.info("task %s: remote connection failed before its input was sent (%s), %s of %s; again in %.1fs",
-             task.id, error.splitlines()[-1].strip(), tries, attempts, delay)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + delay
-    while not sched.draining and (left := deadline - loop.time()) > 0:
-        await asyncio.sleep(min(left, DRAIN_CHECK))  # a drain does not wait out the delay
-    if sched.draining:
-        await sched.requeue(task)
-        return False
-    return True
-
-
-async def _discard(remote: RemoteConnection) -> str | None:
+async def discard(remote: RemoteConnection) -> str | None:
     try:
         err = await wire.simple(remote.pgconn, "DISCARD ALL", remote.encoding)
     except psycopg.OperationalError as exc:

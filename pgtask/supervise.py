@@ -11,7 +11,7 @@ from typing import Protocol
 
 
 class Delays(Protocol):
-    """How long to wait before each restart (scheduler.Backoff)."""
+    """How long to wait before each restart (connect.Backoff)."""
 
     def next(self) -> float: ...
 

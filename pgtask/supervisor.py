@@ -20,10 +20,11 @@ from . import config as cfgmod
 from . import notify, provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
+from .connect import without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
-from .scheduler import Options, Scheduler, without_timeouts
+from .scheduler import Options, Scheduler
 
 log = logging.getLogger("pgtask.supervisor")
 

@@ -24,6 +24,8 @@ from .output import (
     format_error,
 )
 
+CANCELLED = "57014"  # query_canceled: a cancel request, or statement_timeout
+
 
 async def _wait(fd: int, write: bool = False) -> None:
     loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from support import Service, _free_port, wait_for
+from support import Service, free_port, wait_for
 
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir, find_bindir
@@ -43,7 +43,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if version == "18":
         version = "embedded"
     base = Path(tempfile.mkdtemp(prefix="pgtask-test-"))
-    c = Cluster(base=base, bindir=find_bindir(version), port=_free_port())
+    c = Cluster(base=base, bindir=find_bindir(version), port=free_port())
     c.init({"max_connections": "400", "log_min_messages": "warning", "fsync": "off",
             "synchronous_commit": "off", "full_page_writes": "off"})
     c.start()

@@ -22,7 +22,7 @@ from pgtask.patterns.notebook import wait_until
 _counter = itertools.count()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -99,7 +99,7 @@ def hold_claims(sched) -> dict:
         claimed[task.id] = task
         sched.inflight[task.id] = (task, None)
 
-    sched.dispatch = dispatch
+    sched.claimer.dispatch = dispatch
     return claimed
 
 

@@ -18,7 +18,7 @@ SELECT "state"::text, count(*) FROM {table} WHERE "state" IN ('DONE', 'FAIL', 'G
 
 -- sessions --
 -- Executor sessions of this table, of every instance of the service, by the role they run as
--- (their application_name is "pg_task <schema> <table> <group>": executor.group_settings).
+-- (their application_name is "pg_task <schema> <table> <group>": connect.group_settings).
 SELECT usename::text, count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND left(application_name, length(%(prefix)s)) = %(prefix)s
 GROUP BY 1

@@ -286,7 +286,7 @@ FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
 -- (Part of claim, claim_next and reset.) The table the service knows (its oid) is the one of this
 -- name now. A table dropped and provisioned again is another table, with other columns and another
 -- channel: a service still holding the old oid neither claims nor resets its rows until it has
--- taken the new table up (see "next" and Scheduler.adopt_table).
+-- taken the new table up (see "next" and scheduler.Scheduler.adopt_table).
 %(oid)s::oid = to_regclass({regclass})
 
 -- settings_mark --
@@ -338,7 +338,7 @@ WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
 -- never repeated). Returns the rows that matched: kind 'w' (now WORK), 'f' (finished), 'r' (repeat).
 -- A failing trigger fails the whole statement: the service then writes each row on its own.
 -- The statement is its own transaction; it commits without waiting for the WAL flush when it holds
--- only TAKE -> WORK transitions (%(sync)s = 'off'; see Scheduler._flush for why that is safe). It
+-- only TAKE -> WORK transitions (%(sync)s = 'off'; see completer.Completer.flush for why that is safe). It
 -- sends no wake-up notification (pgtask.quiet): the service wakes itself when it inserted a repeat.
 WITH sync AS MATERIALIZED (SELECT set_config('synchronous_commit', %(sync)s, true),
                                   set_config('pgtask.quiet', 'on', true)), w AS (

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, _free_port, spi_on, wait_for, wait_for_async
+from support import Service, free_port, spi_on, wait_for, wait_for_async
 
 from pgtask.cluster import Cluster
 from pgtask.output import Output
+from pgtask.runner import LOST_ATTEMPTS
 from pgtask.scheduler import Scheduler
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
@@ -141,8 +142,8 @@ def test_an_input_that_ends_its_own_session_fails_after_ten_attempts(db, service
     service_factory(db.name)
     task_id = db.insert("SELECT pg_terminate_backend(pg_backend_pid())")
     row = db.wait_state(task_id, timeout=60)
-    assert (row["state"], row["attempt"]) == ("FAIL", Scheduler.LOST_ATTEMPTS), row
-    assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {Scheduler.LOST_ATTEMPTS} "
+    assert (row["state"], row["attempt"]) == ("FAIL", LOST_ATTEMPTS), row
+    assert row["error"].startswith(f"ERROR:  the task's session ended while it ran, {LOST_ATTEMPTS} "
                                    "times in a row\nDETAIL:  "), row["error"]
     detail = row["error"].split("\nDETAIL:  ", 1)[1].split("\nSTATEMENT:  ")[0]
     assert detail.startswith(("FATAL:  terminating connection", "server closed the connection")), row["error"]
@@ -227,19 +228,19 @@ def test_hostile_names_everywhere(cluster, service_factory, db):
 
 def test_failover_to_promoted_standby(tmp_path, cluster):
     """A multi-host connection string with target_session_attrs=read-write follows a promotion."""
-    primary = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-primary-")), cluster.bindir, port=_free_port())
+    primary = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-primary-")), cluster.bindir, port=free_port())
     primary.init({"wal_level": "replica", "max_wal_senders": "4", "synchronous_standby_names": "'*'",
                   "synchronous_commit": "on"})
     primary.start()
-    standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=_free_port())
+    standby = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-standby-")), cluster.bindir, port=free_port())
     services: list[Service] = []
     standby.base.mkdir(exist_ok=True)
     standby.socket_dir.mkdir(exist_ok=True)
-    from pgtask.cluster import _grant_path
-    _grant_path(standby.base)
-    _grant_path(standby.socket_dir)
+    from pgtask.cluster import grant_path
+    grant_path(standby.base)
+    grant_path(standby.socket_dir)
     try:
-        standby._run("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(primary.socket_dir),
+        standby.run_tool("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(primary.socket_dir),
                      "-p", str(primary.port), "-U", "postgres")
         with open(standby.data / "postgresql.auto.conf", "a") as f:
             # once promoted it has no synchronous standby of its own to wait for
@@ -260,7 +261,7 @@ def test_failover_to_promoted_standby(tmp_path, cluster):
                          (BODY.format(sleep=0.01),))
             wait_for(lambda: conn.execute("SELECT count(*) FROM runs").fetchone()[0] > 50, message="progress")
         primary.stop("immediate")
-        standby._run("pg_ctl", "-D", str(standby.data), "promote", "-w")
+        standby.run_tool("pg_ctl", "-D", str(standby.data), "promote", "-w")
         with psycopg.connect(standby.conninfo(), autocommit=True) as conn:
             conn.execute("INSERT INTO task (input) SELECT %s FROM generate_series(1, 50)",
                          (BODY.format(sleep=0.01),))
@@ -324,7 +325,7 @@ def test_a_cancel_that_arrives_late_does_not_reach_the_next_task(db, monkeypatch
     async def during(sched: Scheduler) -> None:
         await wait_for_async(lambda: (entry := sched.inflight.get(first)) is not None and entry[1] is not None,
                              message="the first task to run on its session")
-        cancel = asyncio.create_task(sched.cancel(first))
+        cancel = asyncio.create_task(sched.runner.cancel(first))
         await wait_for_async(lambda: db.task(following)["state"] == "WORK", message="the next task to be WORK")
         assert db.task(first)["state"] == "DONE"
         deliver.set()
@@ -351,12 +352,12 @@ def test_a_lost_control_connection_is_no_orphan_for_another_instance(db):
         async def during(sched: Scheduler) -> None:
             await wait_for_async(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 3,
                                  message="the three tasks to run")
-            control = sched.control.info.backend_pid
+            control = sched.claimer.control.info.backend_pid
             db.execute("SELECT pg_terminate_backend(%s, 5000)", (control,))
             other = db.scheduler()  # another instance: it looks for orphans when it starts
             await other.start()
             try:
-                await other.reset_orphans()
+                await other.claimer.reset_orphans()
             finally:
                 await other.close()
             assert [db.task(i)["state"] for i in ids] == ["WORK"] * 3  # not orphans: still running

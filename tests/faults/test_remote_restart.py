@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import _free_port, wait_for
+from support import free_port, wait_for
 
 from pgtask.cluster import Cluster
 
@@ -21,7 +21,7 @@ SERVICE = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\nremote_b
 @pytest.fixture
 def far_cluster(cluster):
     """A remote server of its own (restarted and stopped by the tests), its `runs` table ready."""
-    c = Cluster(base=Path(tempfile.mkdtemp(prefix="pgtask-far-")), bindir=cluster.bindir, port=_free_port())
+    c = Cluster(base=Path(tempfile.mkdtemp(prefix="pgtask-far-")), bindir=cluster.bindir, port=free_port())
     c.init({"max_connections": "100", "fsync": "off", "synchronous_commit": "off"})
     c.start()
     with psycopg.connect(c.conninfo(), autocommit=True) as conn:
@@ -93,7 +93,7 @@ def test_remote_server_restarted_mid_load_fails_only_tasks_whose_input_was_sent(
 def test_retries_of_an_unreachable_remote_are_bounded(db, service_factory):
     """A remote server that never comes back: the task connects `remote_attempts` times, then
     fails with the last reason (pg_task's text), its input never sent."""
-    refused_port = _free_port()
+    refused_port = free_port()
     svc = service_factory(db.name, SERVICE + "remote_attempts = 3\n")
     task_id = db.insert("SELECT 1", remote=f"host=127.0.0.1 port={refused_port} user=x password=y")
     row = db.wait_state(task_id, timeout=15)

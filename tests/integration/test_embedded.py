@@ -7,7 +7,7 @@ import sys
 
 import psycopg
 import pytest
-from support import _free_port, wait_for
+from support import free_port, wait_for
 
 from pgtask.cluster import Cluster, embedded_bindir
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(embedded_bindir() is None, reason="the embedded-
 
 
 def test_embedded_default(tmp_path):
-    port = _free_port()
+    port = free_port()
     (tmp_path / "pgtask.toml").write_text(f'[pgtask]\nembedded_dir = "{tmp_path / "pg"}"\nembedded_port = {port}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     with open(tmp_path / "run.log", "wb") as log:  # the service writes to its own copy of the descriptor

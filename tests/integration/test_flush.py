@@ -1,4 +1,4 @@
-"""Group commit of finishes (Scheduler._flush): which statement writes a batch, and that each one
+"""Group commit of finishes (completer.Completer.flush): which statement writes a batch, and that each one
 keeps the fence (attempt + lease) and the manual's finish: DONE/FAIL, output, error, the repeat."""
 
 import asyncio
@@ -11,7 +11,7 @@ from support import holding_scheduler, wait_for, wait_for_async
 
 
 def prepared_names(sched) -> set[str]:
-    return set().union(*(names.keys() for names in sched.prepared.values()))
+    return set().union(*(names.keys() for names in sched.queries.prepared.values()))
 
 
 def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
@@ -21,15 +21,15 @@ def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
 
     async def go() -> tuple[set[str], set[str]]:
         async with holding_scheduler(db, run=10) as (sched, claimed):
-            assert (await sched.claim_pass())[0] == 5
+            assert (await sched.claimer.claim_pass())[0] == 5
             db.claim(lost)  # another claim took it meanwhile: its finish must not land
             await asyncio.gather(
-                sched.finish(claimed[plain[0]], "1", None),
-                sched.finish(claimed[plain[1]], "", "ERROR:  boom"),
-                sched.finish(claimed[plain[2]], "a\tb", None),
-                sched.finish(claimed[lost], "1", None))
+                sched.completer.finish(claimed[plain[0]], "1", None),
+                sched.completer.finish(claimed[plain[1]], "", "ERROR:  boom"),
+                sched.completer.finish(claimed[plain[2]], "a\tb", None),
+                sched.completer.finish(claimed[lost], "1", None))
             lean = prepared_names(sched)
-            await sched.finish(claimed[repeating], "1", None)
+            await sched.completer.finish(claimed[repeating], "1", None)
             return lean, prepared_names(sched)
 
     lean, full = asyncio.run(go())
@@ -77,7 +77,7 @@ def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_
     db.execute("CREATE TRIGGER log_state AFTER UPDATE OF state ON task FOR EACH ROW EXECUTE FUNCTION log_state()")
     ids = [db.insert("SELECT 1", group="serial") for _ in range(4)]
     # no flusher takes over however slow this machine is: claim passes only
-    db.run_scheduler(len(ids), configure=lambda sched: setattr(sched, "SLOW_FLUSH", 30.0))
+    db.run_scheduler(len(ids), configure=lambda sched: setattr(sched.completer, "SLOW_FLUSH", 30.0))
     assert [db.task(i)["state"] for i in ids] == ["DONE"] * len(ids)
     xid = {(i, s): x for i, s, x in db.execute("SELECT id, state, xid FROM state_log")}
     for previous, following in itertools.pairwise(ids):
@@ -96,16 +96,16 @@ def test_the_pass_writing_finishes_is_woken_when_the_cohort_has_finished(db):
 
     async def go() -> tuple[bool, bool]:
         async with holding_scheduler(db, run=10) as (sched, claimed):
-            sched.COHORT_WAIT = sched.SLOW_FLUSH = 60.0  # only the cohort's end wakes it, no flusher
-            assert (await sched.claim_pass())[0] == 4
+            sched.completer.COHORT_WAIT = sched.completer.SLOW_FLUSH = 60.0  # only the cohort's end wakes it, no flusher
+            assert (await sched.claimer.claim_pass())[0] == 4
             sched.wake.clear()
-            finishes = [asyncio.create_task(sched.finish(claimed[i], "1", None)) for i in ids[:3]]
+            finishes = [asyncio.create_task(sched.completer.finish(claimed[i], "1", None)) for i in ids[:3]]
             await asyncio.sleep(0)  # submitted
             early = sched.wake.is_set()
-            finishes.append(asyncio.create_task(sched.finish(claimed[ids[3]], "1", None)))
+            finishes.append(asyncio.create_task(sched.completer.finish(claimed[ids[3]], "1", None)))
             await asyncio.sleep(0)
             woken = sched.wake.is_set()
-            await sched.claim_pass()
+            await sched.claimer.claim_pass()
             await asyncio.wait_for(asyncio.gather(*finishes), 10)
             return early, woken
 
@@ -121,21 +121,21 @@ def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
 
     async def go() -> tuple[bool, set, bool]:
         async with holding_scheduler(db, run=10) as (sched, claimed):
-            sched.COHORT_WAIT, sched.SLOW_FLUSH = 0.1, 60.0
-            assert (await sched.claim_pass())[0] == 3
+            sched.completer.COHORT_WAIT, sched.completer.SLOW_FLUSH = 0.1, 60.0
+            assert (await sched.claimer.claim_pass())[0] == 3
             sched.wake.clear()
-            first = asyncio.create_task(sched.finish(claimed[ids[0]], "1", None))
+            first = asyncio.create_task(sched.completer.finish(claimed[ids[0]], "1", None))
             await asyncio.sleep(0)  # submitted
             held = not sched.wake.is_set()
             await asyncio.wait_for(sched.wake.wait(), 10)  # COHORT_WAIT later
-            given_up = set(sched.cohort)  # ids[1] and ids[2] still run: only the timer empties it
-            await sched.claim_pass()
+            given_up = set(sched.completer.cohort)  # ids[1] and ids[2] still run: only the timer empties it
+            await sched.claimer.claim_pass()
             await asyncio.wait_for(first, 10)
             sched.wake.clear()
-            second = asyncio.create_task(sched.finish(claimed[ids[1]], "1", None))
+            second = asyncio.create_task(sched.completer.finish(claimed[ids[1]], "1", None))
             await asyncio.sleep(0)
             at_once = sched.wake.is_set()
-            await sched.claim_pass()
+            await sched.claimer.claim_pass()
             await asyncio.wait_for(second, 10)
             return held, given_up, at_once
 
@@ -174,12 +174,12 @@ def test_a_rolled_back_finish_leaves_the_flush_statements_in_place(db, caplog):
 
     async def go() -> None:
         async with holding_scheduler(db, run=20) as (sched, claimed):
-            assert (await sched.claim_pass())[0] == 11
-            await sched.finish(claimed[repeating[0]], "1", None)  # the writer prepares pgtask_flush
+            assert (await sched.claimer.claim_pass())[0] == 11
+            await sched.completer.finish(claimed[repeating[0]], "1", None)  # the writer prepares pgtask_flush
             for task_id in pausing:
-                await sched.finish(claimed[task_id], "1", None)   # the same writer, through psycopg
-            await sched.finish(claimed[refused], "refuse", None)  # a rollback there
-            await sched.finish(claimed[repeating[1]], "1", None)  # pgtask_flush again
+                await sched.completer.finish(claimed[task_id], "1", None)   # the same writer, through psycopg
+            await sched.completer.finish(claimed[refused], "refuse", None)  # a rollback there
+            await sched.completer.finish(claimed[repeating[1]], "1", None)  # pgtask_flush again
 
     with caplog.at_level("INFO", logger="pgtask"):
         asyncio.run(go())
@@ -224,7 +224,7 @@ def test_a_slow_user_trigger_on_a_finish_holds_up_no_claims(db, caplog):
         await wait_for_async(lambda: db.task(second)["state"] == "DONE", message="the second hooked finish")
 
     caplog.set_level("INFO", logger="pgtask")
-    db.run_scheduler(5, configure=lambda sched: setattr(sched, "PASS_WRITES_PAUSE", 3600.0), during=during)
+    db.run_scheduler(5, configure=lambda sched: setattr(sched.completer, "PASS_WRITES_PAUSE", 3600.0), during=during)
     assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == 5
     handed = [r.getMessage() for r in caplog.records if "handed its finishes to a writer" in r.getMessage()]
     assert len(handed) == 1, handed  # the second went to a writer at once
@@ -273,11 +273,11 @@ def test_a_finish_committed_before_its_connection_was_lost_is_not_reported_lost(
 
     async def go() -> None:
         async with holding_scheduler(db, run=10) as (sched, claimed):
-            assert (await sched.claim_pass())[0] == 3
+            assert (await sched.claimer.claim_pass())[0] == 3
             with commits_wait_for_a_standby(db):
-                finishing = asyncio.gather(sched.finish(claimed[plain], "1", None),
-                                           sched.finish(claimed[deleted], None, None),
-                                           sched.finish(claimed[alone], "3", None))
+                finishing = asyncio.gather(sched.completer.finish(claimed[plain], "1", None),
+                                           sched.completer.finish(claimed[deleted], None, None),
+                                           sched.completer.finish(claimed[alone], "3", None))
                 waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
                 await wait_for_async(lambda: len(db.execute(waiting)) == 2, message="both commits waiting")
                 db.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) w")

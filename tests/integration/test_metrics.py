@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import Service, _free_port, wait_for
+from support import Service, free_port, wait_for
 
 from pgtask.cluster import Cluster
 from pgtask.config import ConfigError, from_dict
@@ -47,7 +47,7 @@ def sample(samples: dict, name: str, **labels) -> float | None:
 
 
 def test_the_figures_match_the_table(db, service_factory):
-    port = _free_port()
+    port = free_port()
     svc = service_factory(db.name, metrics_config(port))
     done = [db.insert("SELECT 1", group=f"g{i % 4}") for i in range(20)]
     failed = [db.insert("SELECT 1/0", group="bad") for _ in range(3)]
@@ -98,7 +98,7 @@ def test_groups_beyond_the_busiest_are_folded():
 
 
 def test_counters_add_up_across_processes(db, service_factory):
-    port = _free_port()
+    port = free_port()
     svc = service_factory(db.name, metrics_config(port, "processes = 2\n"))
     wait_for(lambda: len(svc.workers()) == 1, 15, message="the worker process")
     ids = [db.insert("SELECT pg_sleep(0.05)", group=f"g{i}") for i in range(40)]
@@ -115,7 +115,7 @@ def test_orphans_reset_are_counted(db, service_factory):
     orphan = db.insert("SELECT pg_sleep(60)")
     db.wait_state(orphan, states=("WORK",))
     first.kill()
-    port = _free_port()
+    port = free_port()
     second = service_factory(db.name, metrics_config(port))
     wait_for(lambda: sample(scrape(port), "pgtask_orphans_reset_total") == 1, 30,
              message="the dead service's row to be reset")
@@ -124,7 +124,7 @@ def test_orphans_reset_are_counted(db, service_factory):
 
 
 def test_a_lost_lease_is_counted(db, service_factory):
-    port = _free_port()
+    port = free_port()
     svc = service_factory(db.name, metrics_config(port, reset_check=600))
     stale = db.insert("SELECT pg_sleep(1.5)")
     db.wait_state(stale, states=("WORK",))
@@ -137,10 +137,10 @@ def test_a_lost_lease_is_counted(db, service_factory):
 
 
 def test_healthz_follows_the_server(tmp_path, cluster):
-    own = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-health-")), cluster.bindir, port=_free_port())
+    own = Cluster(Path(tempfile.mkdtemp(prefix="pgtask-health-")), cluster.bindir, port=free_port())
     own.init({"fsync": "off"})
     own.start()
-    port = _free_port()
+    port = free_port()
     svc = Service(own, "postgres", metrics_config(port), tmp=tmp_path)
     try:
         svc.start()

@@ -12,8 +12,10 @@ import pytest
 from support import wait_for, wait_for_async
 
 from pgtask import executor, wire
-from pgtask.executor import NotStarted, SessionPool, Task, run_input
-from pgtask.scheduler import TASK_COLUMNS
+from pgtask.connect import group_settings
+from pgtask.executor import SessionPool, run_input
+from pgtask.queries import TASK_COLUMNS
+from pgtask.task import NotStarted, Task
 
 
 def claim(db, input_text: str) -> Task:
@@ -146,7 +148,7 @@ def test_a_session_runs_each_groups_task_with_that_groups_settings(db, mode):
 
     async def go() -> list:
         pool = SessionPool(db.dsn, service_user, mode)
-        session = await pool.get(author, executor.group_settings("g 1", "public", "task", oid))
+        session = await pool.get(author, group_settings("g 1", "public", "task", oid))
         assert session.set_role == (mode == "set_role")
         results = []
         try:
@@ -258,7 +260,7 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
 
                 released = asyncio.Event()
 
-                async def start_work() -> bool:  # the service's own TAKE -> WORK, as Scheduler.start_work
+                async def start_work() -> bool:  # the service's own TAKE -> WORK, as completer.Completer.start_work
                     await released.wait()  # (the row is still locked until then)
                     async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
                         cur = await conn.execute("UPDATE task SET state = 'WORK' WHERE id = %s AND lease = %s "

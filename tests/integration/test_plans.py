@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from support import holding_scheduler
 
-from pgtask.scheduler import FINISH_PARAMS, PLANNER_SETTINGS, numbered, render_query
+from pgtask.queries import FINISH_PARAMS, PLANNER_SETTINGS, numbered, render_query
 
 
 async def explain_prepared(conn, execute: str) -> str:
@@ -66,8 +66,8 @@ async def idle_scheduler(db, run: int = 4, analyze_wait: float = 60):
     the queue empty: its next claim may start a burst. ``analyze_wait``: how long that claim waits
     for the statistics' ANALYZE (long by default: the order is what these tests look at)."""
     async with holding_scheduler(db, run=run) as (sched, claimed):
-        sched.ANALYZE_WAIT = analyze_wait
-        assert (await sched.claim_pass())[0] == 0  # empty
+        sched.claimer.ANALYZE_WAIT = analyze_wait
+        assert (await sched.claimer.claim_pass())[0] == 0  # empty
         yield sched, claimed
 
 
@@ -104,9 +104,9 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
         async with idle_scheduler(db, run=1000) as (sched, _):
             insert_burst(db, 6000 if groups == 16 else groups, groups)
             before = db.value(ANALYZE_COUNT)
-            claimed = (await sched.claim_pass())[0]
+            claimed = (await sched.claimer.claim_pass())[0]
             analyzes = db.value(ANALYZE_COUNT) - before
-            plan = await explain_prepared(sched.control, f"EXECUTE pgtask_claim('{sched.token}', {sched.oid}, 1000, '{{}}', '{{}}')")
+            plan = await explain_prepared(sched.claimer.control, f"EXECUTE pgtask_claim('{sched.claimer.token}', {sched.queries.oid}, 1000, '{{}}', '{{}}')")
             return plan, claimed, analyzes
 
     plan, claimed, analyzes = asyncio.run(go())
@@ -125,16 +125,16 @@ def test_statistics_are_looked_at_when_a_burst_follows_the_last_finish(db):
     async def go() -> int:
         async with idle_scheduler(db, run=1000) as (sched, claimed):
             db.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
-            assert (await sched.claim_pass())[0] == 1
+            assert (await sched.claimer.claim_pass())[0] == 1
             (task,) = claimed.values()
-            finishing = asyncio.create_task(sched.finish(task, "1", None))
+            finishing = asyncio.create_task(sched.completer.finish(task, "1", None))
             await asyncio.sleep(0)  # the finish is submitted: the next pass writes it
-            assert (await sched.claim_pass())[0] == 0
+            assert (await sched.claimer.claim_pass())[0] == 0
             await finishing
             assert db.value("SELECT state::text FROM task WHERE id = %s", (task.id,)) == "DONE"
             insert_burst(db, 1000, 1000)
             before = db.value(ANALYZE_COUNT)
-            assert (await sched.claim_pass())[0] == 1000
+            assert (await sched.claimer.claim_pass())[0] == 1000
             return db.value(ANALYZE_COUNT) - before
 
     assert asyncio.run(go()) == 1
@@ -156,16 +156,16 @@ def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_afte
             insert_burst(db, 6000, 16)
             before = db.value(ANALYZE_COUNT)
             # without the bound the claim would wait for the blocker, past this test's timeout
-            claimed = (await asyncio.wait_for(sched.claim_pass(), 30))[0]
-            analyzing = sched.analyzing is not None and not sched.analyzing.done()
-            await sched.claim_pass()  # the replan of a burst's second pass (pass_replan), as always
-            plans = sched.pass_plans
-            await sched.claim_pass()
-            unchanged = sched.pass_plans - plans  # nothing new: no replan
+            claimed = (await asyncio.wait_for(sched.claimer.claim_pass(), 30))[0]
+            analyzing = sched.claimer.analyzing is not None and not sched.claimer.analyzing.done()
+            await sched.claimer.claim_pass()  # the replan of a burst's second pass (pass_replan), as always
+            plans = sched.queries.plans
+            await sched.claimer.claim_pass()
+            unchanged = sched.queries.plans - plans  # nothing new: no replan
             blocker.rollback()
-            await asyncio.wait_for(asyncio.shield(sched.analyzing), 30)
-            await sched.claim_pass()
-            return claimed, int(analyzing), unchanged, sched.pass_plans - plans, db.value(ANALYZE_COUNT) - before
+            await asyncio.wait_for(asyncio.shield(sched.claimer.analyzing), 30)
+            await sched.claimer.claim_pass()
+            return claimed, int(analyzing), unchanged, sched.queries.plans - plans, db.value(ANALYZE_COUNT) - before
 
     try:
         claimed, analyzing, unchanged, replanned, analyzes = asyncio.run(go())
@@ -183,9 +183,9 @@ def test_a_trickle_of_tasks_is_claimed_without_analyzing(db):
 
     async def go() -> tuple[int, int]:
         async with idle_scheduler(db, run=100) as (sched, _):
-            insert_burst(db, sched.STATISTICS_DUE - 1, sched.STATISTICS_DUE - 1)
+            insert_burst(db, sched.claimer.STATISTICS_DUE - 1, sched.claimer.STATISTICS_DUE - 1)
             before = db.value(ANALYZE_COUNT)
-            claimed = (await sched.claim_pass())[0]
+            claimed = (await sched.claimer.claim_pass())[0]
             return claimed, db.value(ANALYZE_COUNT) - before
 
     claimed, analyzes = asyncio.run(go())
@@ -199,11 +199,11 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
     async def go() -> tuple[str, str]:
         async with idle_scheduler(db) as (sched, _):  # prepared and planned on an empty table
-            plans = [await explain_prepared(sched.control, "EXECUTE pgtask_next")]
+            plans = [await explain_prepared(sched.claimer.control, "EXECUTE pgtask_next")]
             insert_burst(db, 3000, 4)
-            assert (await sched.claim_pass())[0] == 4
-            await sched.claim_pass()  # prepared again
-            plans.append(await explain_prepared(sched.control, "EXECUTE pgtask_next"))
+            assert (await sched.claimer.claim_pass())[0] == 4
+            await sched.claimer.claim_pass()  # prepared again
+            plans.append(await explain_prepared(sched.claimer.control, "EXECUTE pgtask_next"))
             return plans
 
     before, after = asyncio.run(go())
@@ -225,12 +225,12 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
 
     async def go() -> tuple[str, str]:
         async with idle_scheduler(db) as (sched, _), sched.writers.connection() as writer:
-            await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
+            await sched.queries.run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
             plans = [await explain_prepared(writer, FLUSH)]
             insert_burst(db, 20000, 4)
-            assert (await sched.claim_pass())[0] == 4
-            await sched.claim_pass()  # the pass is prepared again: so are the flushes, when next used
-            await sched._run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
+            assert (await sched.claimer.claim_pass())[0] == 4
+            await sched.claimer.claim_pass()  # the pass is prepared again: so are the flushes, when next used
+            await sched.queries.run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
             plans.append(await explain_prepared(writer, FLUSH))
             return plans
 

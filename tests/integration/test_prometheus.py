@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import _free_port, wait_for
+from support import free_port, wait_for
 from test_metrics import metrics_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def prometheus(tmp_path):
             if "for" in rule:
                 rule["for"] = "1s"
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
-    port = _free_port()
+    port = free_port()
 
     def start(target_port: int) -> subprocess.Popen:
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
@@ -91,7 +91,7 @@ def test_the_shipped_rules_pass_promtool():
 
 def test_rules_and_dashboard_evaluate_and_not_claiming_fires(db, service_factory, prometheus):
     port, start = prometheus
-    metrics_port = _free_port()
+    metrics_port = free_port()
     svc = service_factory(db.name, metrics_config(metrics_port))
     start(metrics_port)
     # something for every panel: finished and failed tasks, a due one held back, a schedule

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from support import _free_port, wait_for
+from support import free_port, wait_for
 
 from pgtask import remote
 from pgtask.cluster import Cluster
@@ -38,7 +38,7 @@ def far(cluster):
 def scram(cluster):
     """A second cluster: local socket trust, TCP on 127.0.0.1 with scram-sha-256 passwords."""
     base = Path(tempfile.mkdtemp(prefix="pgtask-scram-"))
-    c = Cluster(base=base, bindir=cluster.bindir, port=_free_port())
+    c = Cluster(base=base, bindir=cluster.bindir, port=free_port())
     c.init({"listen_addresses": "'127.0.0.1'", "password_encryption": "'scram-sha-256'",
             "fsync": "off", "max_connections": "50"})
     hba = c.data / "pg_hba.conf"
@@ -54,7 +54,7 @@ def scram_conninfo(c: Cluster, password: str = "bob secret") -> str:
     return f"host=127.0.0.1 port={c.port} dbname=postgres user=bob password='{password}'"
 
 
-# One connection a task (no connecting again after a failed one, see remote.again): pg_task's way,
+# One connection a task (no connecting again after a failed one, see runner.RemoteTarget.again): pg_task's way,
 # for the tests of what a failed connection leaves in the row.
 ONE_CONNECTION = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\nremote_attempts = 1\n'
 
@@ -232,7 +232,7 @@ def black_hole():
 
 def test_unreachable_host_fails_within_connect_timeout(db, service_factory, black_hole):
     service = service_factory(db.name, ONE_CONNECTION)
-    refused_port = _free_port()
+    refused_port = free_port()
     t0 = time.monotonic()
     hole = db.insert("SELECT 1",
                      remote=f"host=127.0.0.1 port={black_hole} user=x password=y connect_timeout=2")

@@ -14,8 +14,9 @@ import psycopg
 import pytest
 from support import holding_scheduler, killed_mid_task, wait_for, wait_for_async
 
-from pgtask.executor import Task
-from pgtask.scheduler import TASK_COLUMNS, Scheduler
+from pgtask.queries import TASK_COLUMNS
+from pgtask.scheduler import Scheduler
+from pgtask.task import Task
 
 
 def test_repeat_on_the_plan_grid(db, service):
@@ -228,13 +229,13 @@ def test_a_stopped_task_that_ends_without_a_finish_gives_its_slot_back(db, end):
             task = Task.from_row(db.claim(a, TASK_COLUMNS))
             db.execute("UPDATE task SET state = 'WORK', pid = pg_backend_pid(), start = now() WHERE id = %s", (a,))
             db.insert("SELECT 1", group="one", max=0)
-            claimed = [(await sched.claim_pass())[0]]
+            claimed = [(await sched.claimer.claim_pass())[0]]
             db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (a,))
-            claimed.append((await sched.claim_pass())[0])
-            await getattr(sched, end)(task)
+            claimed.append((await sched.claimer.claim_pass())[0])
+            await getattr(sched.completer, end)(task)
             row = db.task(a)
             assert (row["state"], row["attempt"], row["stop"] is not None) == ("STOP", 1, True), row
-            claimed.append((await sched.claim_pass())[0])
+            claimed.append((await sched.claimer.claim_pass())[0])
             return claimed
 
     assert asyncio.run(go()) == [0, 0, 1]
@@ -603,9 +604,9 @@ def test_a_refused_claim_leaves_no_lock_behind(db):
         await sched.start()
         try:
             with pytest.raises(psycopg.errors.RaiseException, match="not this one"):
-                await sched.claim_pass()
+                await sched.claimer.claim_pass()
             assert db.execute("SELECT mode FROM pg_locks WHERE relation = 'task_claim'::regclass AND pid = %s",
-                              (sched.control.info.backend_pid,)) == []
+                              (sched.claimer.control.info.backend_pid,)) == []
         finally:
             await sched.close()
 

@@ -14,7 +14,8 @@ from support import sessions_reset_and_idle, wait_for, wait_for_async
 
 from pgtask import wire
 from pgtask.config import ConfigError, from_dict
-from pgtask.executor import SessionPool, group_settings
+from pgtask.connect import group_settings
+from pgtask.executor import SessionPool
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
@@ -88,7 +89,7 @@ def test_a_query_whose_backend_ends_with_input_unread_fails_as_lost(db, run):
 
 def test_a_session_opens_with_its_settings_after_the_services_own_options():
     pool = SessionPool("host=/run/x dbname=d options='-c work_mem=7MB'", "svc", "login")
-    info = conninfo_to_dict(pool._conninfo(group_settings("it's a \\ g", "public", "task", 5), "alice"))
+    info = conninfo_to_dict(pool.session_conninfo(group_settings("it's a \\ g", "public", "task", 5), "alice"))
     assert (info["user"], info["dbname"]) == ("alice", "d")
     assert info["application_name"] == "pg_task public task it's a \\ g"
     assert info["options"] == ("-c work_mem=7MB -c pg_task.group=it's\\ a\\ \\\\\\ g "

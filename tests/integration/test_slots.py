@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, _free_port, wait_for
+from support import Service, free_port, wait_for
 
 from pgtask.cluster import Cluster
 from pgtask.config import ConfigError, from_dict
@@ -23,7 +23,7 @@ SERVICE = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\n'
 
 @pytest.fixture(scope="module")
 def small(cluster):
-    c = Cluster(base=Path(tempfile.mkdtemp(prefix="pgtask-slots-")), bindir=cluster.bindir, port=_free_port())
+    c = Cluster(base=Path(tempfile.mkdtemp(prefix="pgtask-slots-")), bindir=cluster.bindir, port=free_port())
     c.init({"max_connections": str(MAX_CONNECTIONS), "superuser_reserved_connections": str(RESERVED),
             "fsync": "off", "synchronous_commit": "off"})
     c.start()

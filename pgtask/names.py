@@ -1,0 +1,54 @@
+"""The names of a task table's objects: PostgreSQL identifiers as the catalog stores them, the
+functions, tables and roles beside the table (``<table>_<kind>``), and its NOTIFY channel."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+
+def channel(table_oid: int) -> str:
+    """The NOTIFY channel of a task table."""
+    return f"pg_task_{table_oid}"
+
+
+# placeholder -> table name suffix (the table is <task table>_<suffix> in the same schema)
+EXTRA_TABLES = {"schedule": "schedule", "occurrence": "occurrence", "keys": "key", "groups": "group",
+                "service": "service"}
+
+
+def author_role(table: str) -> str:
+    """The NOLOGIN role provisioning creates for a task table's authors, ``<table>_user``: granted
+    to a role, it holds every privilege that role needs to schedule work (docs/security.md).
+    Roles are the cluster's: one per table name, for the tables of that name in every database."""
+    return function_name(table, "user")
+
+
+# the tables of the claim lock and of the running instances (sql/liveness.sql): <table>_<kind>
+LIVENESS_TABLES = ("claim", "instance")
+
+
+def liveness_table(table: str, kind: str) -> str:
+    """The name of a table's claim lock table (``kind`` claim) or instance table (instance)."""
+    return ident_name(f"{table}_{kind}")
+
+
+def function_name(table: str, kind: str) -> str:
+    """The name of a table's trigger function or helper function (``<table>_<kind>``)."""
+    return ident_name(f"{table}_{kind}")
+
+
+def ident_name(name: str) -> str:
+    """PostgreSQL truncates identifiers to 63 bytes; compare names the way the catalog stores them."""
+    raw = name.encode()
+    if len(raw) <= 63:
+        return name
+    return raw[:63].decode(errors="ignore")
+
+
+def table_names(schema: str, table: str) -> dict[str, sql.Composable]:
+    """The task table and the tables beside it (EXTRA_TABLES), with its enqueue function."""
+    ids: dict[str, sql.Composable] = {"table": sql.Identifier(schema, table),
+                                      "enqueue": sql.Identifier(schema, ident_name(f"{table}_enqueue"))}
+    for kind, suffix in EXTRA_TABLES.items():
+        ids[kind] = sql.Identifier(schema, ident_name(f"{table}_{suffix}"))
+    return ids

@@ -1,0 +1,387 @@
+"""Running claimed tasks: one run-then-complete loop over a target -- a local session of the task's
+author (executor.py) or a connection to the task's remote server (remote.py) -- that runs a task,
+has the completer write its finish, and within count/live takes the group's next task on the same
+connection. The targets hold what differs: how a connection is had, what a lost one means, what
+happens to it after a task."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import remote
+from .completer import Completer
+from .config import Entry
+from .connect import group_settings
+from .executor import Session, SessionPool, run_input
+from .inputs import Held
+from .output import ErrorStyle, message, reason, simple_error
+from .queries import Queries, local_facts, ping
+from .task import InFlight, Lifecycle, NotStarted, Task
+
+log = logging.getLogger("pgtask.runner")
+
+# A task whose session ends while it runs runs again (the server restarted, someone ended the
+# backend), up to its LOST_ATTEMPTS-th attempt: then it fails with the reason (an input that ends
+# its own session, or crashes its backend, would otherwise run for ever).
+LOST_ATTEMPTS = 10
+# Seconds a remote task whose connection failed before its input was sent waits, at most, before it
+# connects again (see RemoteTarget.again).
+REMOTE_BACKOFF_CAP = 60.0
+DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the service drains
+
+
+class Runner:
+    """The tasks of one scheduler while they run: ``dispatch`` starts one (the claim loop's
+    callback), ``cancel`` stops one (STOP, the grace period over). ``claim_next`` claims a group's
+    next task for a session within count/live, under ``control_lock`` (see complete)."""
+
+    def __init__(self, entry: Entry, conninfo: str, options, queries: Queries, completer: Completer,
+                 inflight: InFlight, sessions: SessionPool, life: Lifecycle,
+                 claim_next: Callable[[Task, int, int, object], Awaitable[Task | None]],
+                 control_lock: asyncio.Lock, error_style: Callable[[], ErrorStyle]):
+        self.entry, self.conninfo, self.options, self.queries = entry, conninfo, options, queries
+        self.completer, self.inflight, self.sessions, self.life = completer, inflight, sessions, life
+        self.claim_next, self.control_lock, self.error_style = claim_next, control_lock, error_style
+        self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started
+        self.tasks: set[asyncio.Task] = set()
+        self.drain_cancelled: set[int] = set()
+        self.remote_facts = remote.LocalFacts(self._local_facts)
+
+    def dispatch(self, task: Task, session: Session | None = None) -> None:
+        """Run a claimed task; ``session``: the one the claim started it on (see "claim" in queries.sql)."""
+        self.inflight[task.id] = (task, None)
+        target = RemoteTarget(self) if task.remote is not None else LocalTarget(self, session)
+        t = asyncio.create_task(self.execute(task, target), name=f"task {task.id}")
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    async def execute(self, task: Task, target: LocalTarget | RemoteTarget) -> None:
+        """Run one task and, within count/live, further tasks of its group on the same connection."""
+        spawner_max = task.max
+        try:
+            while task is not None:
+                conn = await target.connect(task)
+                if conn is None:  # the task ended, or went back to PLAN, without a connection
+                    return
+                self.inflight[task.id] = (task, conn)
+                try:
+                    async with Held(self.options.inputs, task, self.read_input) as held:
+                        output, error = await target.run(
+                            task, functools.partial(self.completer.start_work, task, conn.pid))
+                except NotStarted:
+                    await self.completer.not_started(task)
+                    return
+                except target.Lost as exc:
+                    if await target.lost(task, exc):
+                        continue
+                    return
+                except Exception as exc:  # noqa: BLE001 -- any bug of ours: see failed_in_service
+                    await target.drop()
+                    await self.failed_in_service(task, exc)
+                    return
+                task = await target.complete(task, output, error, held.large,
+                                             functools.partial(self.complete, spawner_max=spawner_max))
+        finally:
+            await target.close()
+
+    async def complete(self, task: Task, output: str | None, error: str | None, done: int, born,
+                       more: bool = True, *, spawner_max: int) -> Task | None:
+        """After a run: finish the task and return the group's next task for the same session
+        (within count/live, unless not ``more``), or None. A run cancelled by SIGTERM's grace
+        deadline is put back -- unless its input succeeded all the same (it ended just then, or
+        handled the cancel): its work is committed, and it is finished as any other.
+
+        Within count/live the finish and the next task's claim hold the control lock, so a claim
+        pass cannot hand that task to another session in between (the manual's task_live); a
+        finish that takes longer than SLOW_FLUSH (a row lock someone else holds, a slow trigger)
+        lets go of it -- claim passes for every other group wait on that lock -- and the session
+        takes no next task."""
+        if task.id in self.drain_cancelled and error is not None:
+            await self.completer.requeue(task)
+            return None
+        if task.keeps_session:
+            async with self.control_lock:
+                finishing = asyncio.ensure_future(self.completer.finish(task, output, error))
+                try:
+                    await asyncio.wait_for(asyncio.shield(finishing), self.completer.SLOW_FLUSH)
+                except TimeoutError:
+                    pass
+                except BaseException:
+                    finishing.cancel()
+                    raise
+                else:
+                    return await self.claim_next(task, spawner_max, done, born) if more else None
+            await finishing
+            return None
+        await self.completer.finish(task, output, error)
+        return None
+
+    async def read_input(self, task: Task) -> str:
+        """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
+        a value arrived in for as long as its connection lives. NotStarted: the lease was lost."""
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            text = await self.queries.read_input(conn, task.fence)
+        if text is None:
+            raise NotStarted(task.id)
+        return text
+
+    async def failed_in_service(self, task: Task, exc: Exception) -> None:
+        """Running ``task`` failed in the service itself (a bug, not the task's input nor a lost
+        connection): the task fails with the reason instead of staying WORK for as long as the
+        service runs, and the service goes on."""
+        log.error("task %s: the service failed running it", task.id, exc_info=exc)
+        await self.completer.finish(task, "", simple_error(
+            f"pgtask failed running the task: {type(exc).__name__}: {exc}", statement=task.input))
+
+    async def open_session(self, task: Task) -> Session | None:
+        """A session for the task's author. If the server itself is unreachable (restarting, shutting
+        down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
+        not log in, authentication refused) fails the task with the reason."""
+        settings = group_settings(task.group, self.entry.schema, self.entry.table, self.queries.oid)
+        for attempt in (1, 2):
+            try:
+                return await self.sessions.get(task.user, settings)
+            except psycopg.Error as exc:
+                if not await self._server_up():
+                    log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
+                                reason(exc))
+                    await self.completer.requeue(task)
+                    return None
+                if attempt == 2:
+                    await self.completer.finish(task, "", simple_error(
+                        f"could not connect as role {task.user}", str(exc).strip()))
+        return None
+
+    async def _server_up(self) -> bool:
+        try:
+            async with self.writers.connection() as conn:
+                await ping(conn)
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    async def _local_facts(self, user: str) -> tuple[bool, str]:
+        async with self.writers.connection() as conn:
+            return await local_facts(conn, user)
+
+    async def stop_requested(self, ids: list[int]) -> list[int]:
+        """Of the tasks ``ids`` (running here when their stop hint came), those whose row is STOP
+        under the claim this service runs (see "stop_requested")."""
+        tasks = [entry[0] for i in ids if (entry := self.inflight.get(i)) is not None]
+        if not tasks:
+            return []
+        row = await self.completer.write("stop_requested", {
+            "id": [t.id for t in tasks], "attempt": [t.attempt for t in tasks], "lease": [t.lease for t in tasks]})
+        return list(row[0])
+
+    async def cancel(self, task_id: int) -> None:
+        """Cancel the task's run: its row is STOP (see stop_requested), or the grace period is over."""
+        entry = self.inflight.get(task_id)
+        if entry and entry[1] is not None:
+            entry[0].stopped = True
+            try:
+                await entry[1].cancel()
+            except psycopg.Error as exc:
+                log.warning("task %s: cancel failed: %s", task_id, exc)
+
+    async def drain(self, grace: float) -> None:
+        """Let running tasks finish within ``grace`` seconds; cancel the rest."""
+        if self.tasks:
+            _, pending = await asyncio.wait(set(self.tasks), timeout=grace)
+            if pending:
+                log.warning("%s: grace period over, cancelling %d task(s)", self.entry.label(), len(pending))
+                for task_id in list(self.inflight):
+                    self.drain_cancelled.add(task_id)
+                    await self.cancel(task_id)
+                await asyncio.wait(pending, timeout=10)
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+Complete = Callable[..., Awaitable[Task | None]]  # Runner.complete, for one group's tasks
+
+
+class LocalTarget:
+    """A task's author's session (executor.py), from the pool or the one the claim started it on;
+    pooled again after the group's last task on it."""
+
+    Lost = psycopg.OperationalError  # the session ended while the task ran (its outcome unknown)
+
+    def __init__(self, runner: Runner, session: Session | None):
+        self.runner, self.session = runner, session
+
+    async def connect(self, task: Task) -> Session | None:
+        runner = self.runner
+        if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see settings_seen
+            await runner.sessions.discard(self.session)
+            self.session = None
+            task.session_pid = None  # its start function sets the pid of the session it gets
+        if self.session is None:
+            self.session = await runner.open_session(task)
+        if self.session is not None:
+            self.session.starts(task)
+        return self.session
+
+    async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
+        runner = self.runner
+        return await run_input(self.session, task, runner.entry.schema, runner.entry.table, runner.queries.oid,
+                               runner.options.output_limit, spi=runner.entry.spi, start_work=start_work)
+
+    async def lost(self, task: Task, exc: psycopg.OperationalError) -> bool:
+        """The session ended while the task ran: it runs again, up to LOST_ATTEMPTS. False: the
+        task is over here."""
+        await self.drop()
+        if task.attempt >= LOST_ATTEMPTS:  # most likely the input's own doing
+            log.error("task %s: executor connection lost (%s), attempt %s: it fails", task.id,
+                      reason(exc), task.attempt)
+            await self.runner.completer.finish(task, "", simple_error(
+                f"the task's session ended while it ran, {task.attempt} times in a row",
+                message(exc), statement=task.input))
+            return False
+        log.warning("task %s: executor connection lost (%s); it will run again", task.id, reason(exc))
+        await self.runner.completer.requeue(task)
+        return False
+
+    async def complete(self, task: Task, output: str | None, error: str | None, large: bool,
+                       complete: Complete) -> Task | None:
+        """Finish ``task`` (the claim pass that writes its finish may start the group's next task on
+        this session: completer.offers) and return the group's next task for this session, or None."""
+        session, finishing = self.session, self.runner.completer.finishing
+        session.tasks += 1
+        keep_session = task.save
+        # a session that lived out count/live ends, as the manual's worker exits; so does one a
+        # large input went out on: libpq keeps the buffer it went out in while the session lives
+        spent = session.spent(task) or (large and not keep_session)
+        finished, offerable = task, not spent and not task.keeps_session
+        if offerable:
+            finishing[task.id] = session
+        try:
+            task = await complete(task, output, error, session.tasks, session.born, more=not spent)
+        finally:
+            if offerable and finishing.pop(finished.id, None) is None:
+                self.session = None  # the pass that wrote its finish started another task on it
+        if spent:
+            await self.drop()
+        elif keep_session and task is not None:
+            session.needs_reset = False  # save: the group's next task inherits the session as is
+        return task
+
+    async def drop(self) -> None:
+        await self.runner.sessions.discard(self.session)
+        self.session = None
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.runner.sessions.put(self.session)
+
+
+class RemoteTarget:
+    """A connection to the task's remote server (remote.py), for the group's tasks on it within
+    count/live; one whose connect failed before its input was sent connects again (see again)."""
+
+    Lost = remote.Lost
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.remote: remote.RemoteConnection | None = None
+        self.done = 0  # tasks run on this connection
+        self.born = None  # the first task's claim time (count/live count from it)
+        self.tries = 1  # connections of the running task so far (see again)
+
+    async def connect(self, task: Task) -> remote.RemoteConnection | None:
+        runner = self.runner
+        if self.born is None:
+            self.born = task.now
+        while self.remote is None:
+            try:
+                self.remote, error = await remote.connect(task, runner.remote_facts, runner.entry.schema,
+                                                          runner.entry.table, runner.queries.oid)
+            except remote.Unsent as unsent:
+                if not await self.again(task, unsent.error):
+                    return None
+                self.tries += 1
+                continue
+            if self.remote is None:
+                log.info("task %s: remote connection refused or failed: %s", task.id,
+                         error.splitlines()[-1] if error else "")
+                await runner.completer.finish(task, "", error)
+                return None
+        return self.remote
+
+    async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
+        return await remote.run(self.remote, task, self.runner.options.output_limit, started=start_work(),
+                                style=self.runner.error_style())
+
+    async def lost(self, task: Task, lost: remote.Lost) -> bool:
+        """The connection broke while the task ran: whether to run it again on a new one."""
+        log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
+        await self.drop()
+        error = simple_error("PQconsumeInput failed", message(lost.exc), statement=task.input,
+                             style=self.runner.error_style())
+        if lost.sent:  # its input may have run: it is not run again (pg_task's rule)
+            await self.runner.completer.finish(task, lost.output or "", error)
+            return False
+        if not await self.again(task, error):
+            return False
+        self.tries += 1
+        return True
+
+    async def complete(self, task: Task, output: str | None, error: str | None, large: bool,
+                       complete: Complete) -> Task | None:
+        self.done += 1
+        self.tries = 1
+        finished = task
+        task = await complete(finished, output, error, self.done, self.born)
+        if task is not None and not finished.save and self.remote is not None and large:
+            await self.drop()  # libpq keeps the buffer the input went out in while it lives
+        elif task is not None and not finished.save and self.remote is not None:
+            err = await remote.discard(self.remote)
+            if err is not None:
+                log.warning("task %s: DISCARD ALL failed (%s); reconnecting", finished.id, err)
+                await self.drop()
+        return task
+
+    async def again(self, task: Task, error: str) -> bool:
+        """The ``tries``-th connection of ``task`` failed before its input was sent: whether to
+        connect again, after waiting ``remote_backoff`` seconds, doubling with every try up to
+        REMOTE_BACKOFF_CAP, with jitter (the tasks a server restart turned away do not all come back
+        at once). The task keeps its claim meanwhile (TAKE, its group's slot: the group's next task
+        would meet the same server). After ``remote_attempts`` connections it fails with ``error``,
+        the last reason; when the service drains, it goes back to PLAN."""
+        runner, tries = self.runner, self.tries
+        attempts = runner.options.remote_attempts
+        if tries >= attempts:
+            log.warning("task %s: remote connection failed before its input was sent (%s), %s of %s: it fails",
+                        task.id, error.splitlines()[-1].strip(), tries, attempts)
+            await runner.completer.finish(task, "", error)
+            return False
+        runner.inflight[task.id] = (task, None)  # no query of it to cancel meanwhile
+        delay = min(runner.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
+        log.info("task %s: remote connection failed before its input was sent (%s), %s of %s; again in %.1fs",
+                 task.id, error.splitlines()[-1].strip(), tries, attempts, delay)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        while not runner.life.draining and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(left, DRAIN_CHECK))  # a drain does not wait out the delay
+        if runner.life.draining:
+            await runner.completer.requeue(task)
+            return False
+        return True
+
+    async def drop(self) -> None:
+        if self.remote is not None:
+            await self.remote.close()
+        self.remote = None
+
+    async def close(self) -> None:
+        await self.drop()
