@@ -230,8 +230,9 @@ class Claimer:
             if self.conf_loaded is not None:
                 self.sessions.config_reloaded()
             self.conf_loaded = conf_loaded
-        # claiming again after an empty pass: plan again for the queue as it is now (see above)
-        self.pass_replan = bool(tasks) and self.pass_idle
+        # claiming again after an empty pass: plan again for the queue as it is now (see above);
+        # a table taken up anew in this pass (adopt_table) has asked for it already
+        self.pass_replan = self.pass_replan or (bool(tasks) and self.pass_idle)
         self.pass_idle = not tasks and not self.inflight
         # the next claim may start a burst: this pass claimed nothing and nothing runs once its
         # finishes are written -- also when it wrote the last ones, which pass_idle does not count
