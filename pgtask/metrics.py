@@ -321,6 +321,19 @@ class TableCollector:
 
 
 # -- the process's metrics and the endpoint -----------------------------------------------------
+def process_collector(registry) -> None:
+    """prometheus-client's standard process metrics, with the boot time they add to the process's
+    start taken from the clocks: the unit's ProcSubset=pid hides /proc/stat, where the library reads
+    it (and without it the library collects nothing)."""
+    from prometheus_client import ProcessCollector
+
+    class Process(ProcessCollector):
+        def _boot_time(self) -> float:
+            return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    Process(registry=registry)
+
+
 class Metrics:
     """The service's metrics in one process. The first process creates the multiprocess directory
     (``first=True``) before prometheus-client is imported -- it reads the variable at import -- and
@@ -347,11 +360,11 @@ class Metrics:
         multiprocess.mark_process_dead(pid)
 
     def registry(self):
-        from prometheus_client import CollectorRegistry, ProcessCollector, multiprocess
+        from prometheus_client import CollectorRegistry, multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        ProcessCollector(registry=registry)
+        process_collector(registry)
         registry.register(TableCollector(lambda: list(self.stats.values())))
         return registry
 
