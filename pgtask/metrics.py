@@ -223,7 +223,7 @@ class TableStats:
         self.conninfo = make_conninfo(conninfo, dbname=entry.data, user=entry.user,
                                       application_name=f"pgtask metrics {entry.schema} {entry.table}")
         names = table_names(entry.schema, entry.table)
-        texts = named.queries("metrics.sql")
+        texts = dict(named.queries("metrics.sql"))  # a copy: the parsed file is shared
         estimate = texts.pop("ended_estimate")
         self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"])
                         for name, text in texts.items()}

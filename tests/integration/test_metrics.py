@@ -89,6 +89,26 @@ def test_the_figures_match_the_table(db, service_factory):
     svc.stop()
 
 
+def test_every_entry_has_its_table_figures(db, service_factory):
+    """Two entries, two tables: each has its own rows by state."""
+    port = _free_port()
+    entry = f'data = "{db.name}", user = "postgres"'
+    entries = f"json = [{{{entry}}}, {{{entry}, table = \"t2\"}}]"
+    svc = service_factory(db.name, f"[pg_task]\n{entries}\n" + metrics_config(port))
+    wait_for(lambda: db.value("SELECT to_regclass('t2') IS NOT NULL"), 15, message="the second table")
+    db.wait_state(db.insert("SELECT 1"))
+    ids = [db.value("INSERT INTO t2 (input) VALUES ('SELECT 2') RETURNING id") for _ in range(2)]
+    wait_for(lambda: db.value("SELECT count(*) FROM t2 WHERE state = 'DONE' AND id = ANY(%s)", (ids,)) == 2, 15,
+             message="the tasks of t2")
+
+    def both() -> bool:
+        samples = scrape(port)
+        return (sample(samples, "pgtask_tasks", table="task", state="DONE") == 1
+                and sample(samples, "pgtask_tasks", table="t2", state="DONE") == 2)
+    wait_for(both, 15, message="each table's DONE rows")
+    svc.stop()
+
+
 def test_groups_beyond_the_busiest_are_folded():
     queue = [("a", 5, 5, 3.0), ("b", 1, 1, 9.0), ("c", 1, 0, None)]
     running = [("c", "WORK", 3), ("d", "TAKE", 1)]
