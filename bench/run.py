@@ -351,13 +351,13 @@ class Bench:
                     statistics.median(r / p for t, r, p in rounds), "x")
 
     # -- the service ---------------------------------------------------------------------------
-    def service(self, dbname: str, processes: int = 1, metrics: bool = False) -> subprocess.Popen:
+    def service(self, dbname: str, processes: int = 1, metrics: bool = False, config: str = "") -> subprocess.Popen:
         """A started ``pgtask run`` on ``dbname``; with ``metrics``, its endpoint on a loopback port,
-        scraped every METRICS_SCRAPE seconds until stop()."""
+        scraped every METRICS_SCRAPE seconds until stop(); ``config``: more [pgtask] keys."""
         cfg = self.base / f"{dbname}.toml"
         port = free_port()
         cfg.write_text(f'[pgtask]\nlog_level = "info"\nprocesses = {processes}\n' +
-                       (f'metrics_listen = "127.0.0.1:{port}"\n' if metrics else ""))
+                       (f'metrics_listen = "127.0.0.1:{port}"\n' if metrics else "") + config)
         log = open(self.base / f"{dbname}.log", "wb")  # noqa: SIM115 - the service writes to it until stop()
         env = {**os.environ, **self.cluster.env(), "PGDATABASE": dbname}
         cmd = [sys.executable, "-m", "pgtask.cli", "run", "--config", str(cfg)]
