@@ -175,6 +175,7 @@ def test_orphans_reset_are_counted(db, service_factory):
     second = service_factory(db.name, metrics_config(port))
     wait_for(lambda: sample(scrape(port), "pgtask_orphans_reset_total") == 1, 30,
              message="the dead service's row to be reset")
+    db.wait_state(orphan, states=("WORK",))  # run again: STOP is allowed from WORK, not from TAKE
     db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (orphan,))
     second.stop()
 
