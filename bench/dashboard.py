@@ -22,6 +22,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -251,6 +252,7 @@ def main() -> None:
         if prometheus is not None:
             prometheus.stop()
         bench.close()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
