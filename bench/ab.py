@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.ab --rounds 4 before=/tmp/before after=.
     .venv/bin/python -m bench.ab --rounds 4 --warm 320 before=/tmp/before after=.
     .venv/bin/python -m bench.ab --rounds 6 --remote before=/tmp/before after=.
+    .venv/bin/python -m bench.ab --rounds 8 --metrics on off=. on=.
 
 Each round runs every version once (the order reversed every other round), each run a fresh
 database and a fresh `pgtask run` whose code is the version's checkout (its directory goes first
@@ -13,7 +14,9 @@ statement, after --warm tasks the service ran first. Printed per run and as medi
 the CPU per task of the server, of its control backends (the claim passes) and of the service.
 With --remote, a run is bench.run's remote figure instead: 1,000 `SELECT pg_sleep(1)` (unless
 --tasks/--body say otherwise), each in its own group and with `remote` pointing at the cluster;
-its wall time is printed first.
+its wall time is printed first. --metrics NAME (repeatable) runs that version's service with its
+metrics endpoint on (``metrics_listen`` on a loopback port), scraped every second: the same
+checkout twice, once with it, measures what metrics cost.
 
 This machine's speed drifts by 10-40 % within minutes: compare versions within rounds, and run
 enough rounds that the medians' difference is larger than the rounds' spread. A control: the same
@@ -59,6 +62,8 @@ def main() -> None:
     parser.add_argument("--body")
     parser.add_argument("--remote", action="store_true",
                         help="remote tasks (bench.run's remote figure): 1,000 pg_sleep(1), a group each")
+    parser.add_argument("--metrics", action="append", default=[], metavar="NAME",
+                        help="run this version with its metrics endpoint on, scraped every second")
     args = parser.parse_args()
     tasks = args.tasks or (1000 if args.remote else 6000)
     groups = args.groups or (tasks if args.remote else 16)
@@ -70,8 +75,11 @@ def main() -> None:
         if not sep or not (path / "pgtask" / "__init__.py").is_file():
             parser.error(f"{spec!r}: expected NAME=CHECKOUT, a directory holding pgtask/")
         versions.append((name, path))
+    unknown = set(args.metrics) - {name for name, _ in versions}
+    if unknown:
+        parser.error(f"--metrics {', '.join(sorted(unknown))}: no such version")
     for name, path in versions:
-        print(f"{name}: {path} ({version(path)})")
+        print(f"{name}: {path} ({version(path)})" + (", metrics on" if name in args.metrics else ""))
 
     bench = Bench(1.0, 1)
     bench.start()
@@ -83,7 +91,8 @@ def main() -> None:
                 saved = os.environ.get("PYTHONPATH")
                 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), saved]))
                 try:
-                    run = bench.run_tasks(tasks, groups, args.max, body, remote=remote, warm=args.warm)
+                    run = bench.run_tasks(tasks, groups, args.max, body, remote=remote, warm=args.warm,
+                                          metrics=name in args.metrics)
                 finally:
                     if saved is None:
                         del os.environ["PYTHONPATH"]

@@ -79,7 +79,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -100,6 +102,9 @@ TRIVIAL = "SELECT 1"
 REMOTE_BODY = "SELECT pg_sleep(1)"
 WRITING = "INSERT INTO sink (v) VALUES (1)"
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+# seconds between scrapes of a service with metrics on: a burst of 6,000 tasks lasts about 2 s, and
+# a 1 s scrape interval puts scrapes inside it (Prometheus's default is 60 s)
+METRICS_SCRAPE = 1.0
 
 
 def free_port() -> int:
@@ -133,6 +138,24 @@ def tree_cpu_seconds(pid: int) -> float:
 def running_seconds(pid: int) -> float:
     """CPU time a live process has run so far (the scheduler's own count, in ns; no children)."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+class Scraper:
+    """GET ``url`` every METRICS_SCRAPE seconds on a thread, as a Prometheus server does, until stop()."""
+
+    def __init__(self, url: str):
+        self.url, self.done = url, threading.Event()
+        self.thread = threading.Thread(target=self.scrape, name="scraper", daemon=True)
+        self.thread.start()
+
+    def scrape(self) -> None:
+        while not self.done.wait(METRICS_SCRAPE):
+            with contextlib.suppress(OSError), urllib.request.urlopen(self.url, timeout=5) as resp:
+                resp.read()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 class Run(NamedTuple):
@@ -197,6 +220,7 @@ class Bench:
         self.figures: dict[str, float] = {}
         self.counter = 0
         self.pgbench_ready = False
+        self.scrapers: dict[int, Scraper] = {}  # service pid -> its scraper (service(metrics=True))
 
     def n(self, count: int) -> int:
         return max(int(count * self.scale), 50)
@@ -327,9 +351,13 @@ class Bench:
                     statistics.median(r / p for t, r, p in rounds), "x")
 
     # -- the service ---------------------------------------------------------------------------
-    def service(self, dbname: str, processes: int = 1) -> subprocess.Popen:
+    def service(self, dbname: str, processes: int = 1, metrics: bool = False, config: str = "") -> subprocess.Popen:
+        """A started ``pgtask run`` on ``dbname``; with ``metrics``, its endpoint on a loopback port,
+        scraped every METRICS_SCRAPE seconds until stop(); ``config``: more [pgtask] keys."""
         cfg = self.base / f"{dbname}.toml"
-        cfg.write_text(f'[pgtask]\nlog_level = "info"\nprocesses = {processes}\n')
+        port = free_port()
+        cfg.write_text(f'[pgtask]\nlog_level = "info"\nprocesses = {processes}\n' +
+                       (f'metrics_listen = "127.0.0.1:{port}"\n' if metrics else "") + config)
         log = open(self.base / f"{dbname}.log", "wb")  # noqa: SIM115 - the service writes to it until stop()
         env = {**os.environ, **self.cluster.env(), "PGDATABASE": dbname}
         cmd = [sys.executable, "-m", "pgtask.cli", "run", "--config", str(cfg)]
@@ -345,9 +373,14 @@ class Bench:
                 raise RuntimeError(f"pgtask run did not start:\n{logfile.read_text()}")
             time.sleep(0.05)
         time.sleep(0.3)
+        if metrics:
+            self.scrapers[proc.pid] = Scraper(f"http://127.0.0.1:{port}/metrics")
         return proc
 
     def stop(self, proc: subprocess.Popen) -> None:
+        scraper = self.scrapers.pop(proc.pid, None)
+        if scraper is not None:
+            scraper.stop()
         if os.environ.get("BENCH_PROFILE"):  # stop the profiled service: py-spy then writes and exits
             for child in children(proc.pid):
                 os.kill(child, 15)
@@ -403,14 +436,14 @@ class Bench:
         return cpu_seconds(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
 
     def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None,
-                  processes: int = 1, warm: int = 0) -> Run:
+                  processes: int = 1, warm: int = 0, metrics: bool = False) -> Run:
         """n tasks inserted at once into a scratch database with its own service; see Run. With
         ``warm``, the service first runs that many tasks of the same kind: the wall time and the
         service's CPU are the burst's after them; the server's CPU covers both (its backends' CPU is
-        known when they end)."""
+        known when they end). ``metrics``: the service's metrics endpoint on (see service)."""
         with self.scratch_database() as db:
             server0, children = self.postmaster_seconds(), self.postmaster_children()
-            proc = self.service(db, processes)
+            proc = self.service(db, processes, metrics)
             try:
                 with self.connect(db) as conn:
                     remote_value = remote.replace("DB", db) if remote else None

@@ -1,7 +1,8 @@
 -- Queries of the metrics' table statistics (pgtask/metrics.py), run every [pgtask] metrics_refresh
 -- seconds on a connection of their own, never per scrape. Each reads an index the claim already
 -- keeps, so their cost follows the queue, not the history -- but for "ended", which counts the
--- finished rows through the state index (no group: that would read every finished row's heap).
+-- finished rows through the state index (no group: that would read every finished row's heap), and
+-- runs only while "ended_estimate" says they are few.
 
 -- queue --
 -- Planned rows per group: how many, how many due, and the oldest due one's age (the plan index).
@@ -15,6 +16,11 @@ SELECT "group", "state"::text, count(*) FROM {table} WHERE "state" IN ('TAKE', '
 
 -- ended --
 SELECT "state"::text, count(*) FROM {table} WHERE "state" IN ('DONE', 'FAIL', 'GONE', 'STOP') GROUP BY 1
+
+-- ended_estimate --
+-- The planner's estimate of the rows in one finished state ({state}, a literal): the table's
+-- statistics scaled to its current size; no row is read.
+EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE "state" = {state}
 
 -- sessions --
 -- Executor sessions of this table, of every instance of the service, by the role they run as

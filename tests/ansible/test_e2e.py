@@ -128,6 +128,53 @@ def test_a_task_reaches_done(host):
     assert final == "DONE|1", final
 
 
+# Run on the host with the service's own venv: /metrics parsed by prometheus-client's parser, the
+# samples of the entry's families and /healthz's status printed as JSON.
+SCRAPE = """
+import json, urllib.error, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+base = "http://127.0.0.1:9464"
+text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+samples = [[s.name, s.labels, s.value] for f in text_string_to_metric_families(text) for s in f.samples]
+try:
+    health = urllib.request.urlopen(base + "/healthz", timeout=5).status
+except urllib.error.HTTPError as exc:
+    health = exc.code
+print(json.dumps({"samples": samples, "health": health}))
+"""
+
+
+def test_the_metrics_endpoint_serves_the_entry(host):
+    """The role's default pgtask_metrics_listen: /metrics on the host's loopback has the entry's
+    families (its finished task counted), /healthz answers 200, and the alert rules and the
+    dashboard are in pgtask_monitoring_dir."""
+    entry = {"data": "postgres", "schema": "public", "table": "task"}
+    done = int(psql(host, "SELECT count(*) FROM task WHERE state = 'DONE'"))
+
+    def of_entry(got: dict) -> dict:
+        return {(name, labels.get("state")): value for name, labels, value in got["samples"]
+                if entry.items() <= labels.items()}
+
+    def scraped():
+        out = host.sh(f"/opt/pgtask/venv/bin/python -c {shlex.quote(SCRAPE)}", user="pgtask", check=False)
+        if out.returncode != 0:
+            return None
+        got = json.loads(out.stdout)
+        # the table's figures are read every metrics_refresh (10 s): wait for a reading of them
+        return got if got["health"] == 200 and of_entry(got).get(("pgtask_tasks", "DONE")) == done else None
+
+    got = wait_for(scraped, 60, f"/metrics with the entry's table figures and /healthz 200; journal:\n"
+                                f"{journal(host)}")
+    figures = of_entry(got)
+    for family in ("pgtask_scheduler_up", "pgtask_last_claim_timestamp_seconds", "pgtask_claim_pass_seconds_count",
+                   "pgtask_pickup_seconds_count", "pgtask_run_seconds_count"):
+        assert (family, None) in figures, (family, sorted(figures))
+    assert figures[("pgtask_scheduler_up", None)] == 1
+    assert figures[("pgtask_finished_total", "DONE")] == done
+    assert any(name == "process_resident_memory_bytes" for name, _, _ in got["samples"])
+    assert host.sh("ls /etc/pgtask/monitoring").stdout.split() == ["pgtask-alerts.yml", "pgtask-dashboard.json"]
+
+
 def test_second_run_changes_nothing(host, deploy):
     pid = main_pid(host)
     run = deploy(ENTRIES)

@@ -4,6 +4,8 @@ parser and held against the table; /healthz following the server."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import tempfile
 import urllib.error
 import urllib.request
@@ -16,6 +18,7 @@ from support import Service, free_port, wait_for
 from pgtask.cluster import Cluster
 from pgtask.config import ConfigError, from_dict
 from pgtask.metrics import OTHER_GROUPS, fold_groups
+from pgtask.provision import liveness_table
 
 
 def metrics_config(port: int, extra: str = "", reset_check: float = 0.5) -> str:
@@ -86,6 +89,26 @@ def test_the_figures_match_the_table(db, service_factory):
     svc.stop()
 
 
+def test_every_entry_has_its_table_figures(db, service_factory):
+    """Two entries, two tables: each has its own rows by state."""
+    port = free_port()
+    entry = f'data = "{db.name}", user = "postgres"'
+    entries = f"json = [{{{entry}}}, {{{entry}, table = \"t2\"}}]"
+    svc = service_factory(db.name, f"[pg_task]\n{entries}\n" + metrics_config(port))
+    wait_for(lambda: db.value("SELECT to_regclass('t2') IS NOT NULL"), 15, message="the second table")
+    db.wait_state(db.insert("SELECT 1"))
+    ids = [db.value("INSERT INTO t2 (input) VALUES ('SELECT 2') RETURNING id") for _ in range(2)]
+    wait_for(lambda: db.value("SELECT count(*) FROM t2 WHERE state = 'DONE' AND id = ANY(%s)", (ids,)) == 2, 15,
+             message="the tasks of t2")
+
+    def both() -> bool:
+        samples = scrape(port)
+        return (sample(samples, "pgtask_tasks", table="task", state="DONE") == 1
+                and sample(samples, "pgtask_tasks", table="t2", state="DONE") == 2)
+    wait_for(both, 15, message="each table's DONE rows")
+    svc.stop()
+
+
 def test_groups_beyond_the_busiest_are_folded():
     queue = [("a", 5, 5, 3.0), ("b", 1, 1, 9.0), ("c", 1, 0, None)]
     running = [("c", "WORK", 3), ("d", "TAKE", 1)]
@@ -98,15 +121,48 @@ def test_groups_beyond_the_busiest_are_folded():
 
 
 def test_counters_add_up_across_processes(db, service_factory):
+    """processes = 3: each process in turn is the only one running (the others SIGSTOPped) and runs
+    a batch of its own; the one endpoint's counters are the sums of the three batches."""
     port = free_port()
-    svc = service_factory(db.name, metrics_config(port, "processes = 2\n"))
-    wait_for(lambda: len(svc.workers()) == 1, 15, message="the worker process")
-    ids = [db.insert("SELECT pg_sleep(0.05)", group=f"g{i}") for i in range(40)]
-    for task_id in ids:
-        db.wait_state(task_id)
+    svc = service_factory(db.name, metrics_config(port, "processes = 3\n"))
+    workers = wait_for(lambda: len(w := svc.workers()) == 2 and w, 15, message="the worker processes")
+    processes = [svc.proc.pid, *workers]
+    batches = {pid: (4 + 3 * i, i + 1) for i, pid in enumerate(processes)}  # pid -> (DONE, FAIL)
+    claim_lock = liveness_table("task", "claim")
+
+    def only(pid: int) -> list[int]:
+        """SIGSTOP every process but ``pid``; none of them is stopped inside a claim pass (holding
+        the table's claim lock, which would keep ``pid`` from claiming)."""
+        others = [p for p in processes if p != pid]
+        while True:
+            for other in others:
+                os.kill(other, signal.SIGSTOP)
+            try:
+                wait_for(lambda: not db.value("SELECT count(*) FROM pg_locks WHERE relation = %s::regclass",
+                                              (claim_lock,)), 1, interval=0.01)
+                return others
+            except AssertionError:  # one of them holds it: let it finish its pass, and stop them again
+                for other in others:
+                    os.kill(other, signal.SIGCONT)
+
+    for pid, (done, failed) in batches.items():
+        others = only(pid)
+        try:
+            ids = [db.insert("SELECT pg_sleep(0.01)", group=f"g{i}") for i in range(done)]
+            ids += [db.insert("SELECT 1/0", group=f"f{i}") for i in range(failed)]
+            for task_id in ids:
+                db.wait_state(task_id)
+        finally:
+            for other in others:
+                os.kill(other, signal.SIGCONT)
+    done = sum(d for d, _ in batches.values())
+    failed = sum(f for _, f in batches.values())
     samples = scrape(port)
-    assert sample(samples, "pgtask_finished_total", state="DONE") == 40
-    assert sample(samples, "pgtask_run_seconds_count") == 40
+    assert sample(samples, "pgtask_finished_total", state="DONE") == done
+    assert sample(samples, "pgtask_finished_total", state="FAIL") == failed
+    assert sample(samples, "pgtask_run_seconds_count") == done + failed
+    assert sample(samples, "pgtask_pickup_seconds_count") == done + failed
+    assert db.value("SELECT count(*) FROM task WHERE state = 'DONE'") == done
     svc.stop()
 
 
@@ -119,6 +175,7 @@ def test_orphans_reset_are_counted(db, service_factory):
     second = service_factory(db.name, metrics_config(port))
     wait_for(lambda: sample(scrape(port), "pgtask_orphans_reset_total") == 1, 30,
              message="the dead service's row to be reset")
+    db.wait_state(orphan, states=("WORK",))  # run again: STOP is allowed from WORK, not from TAKE
     db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (orphan,))
     second.stop()
 
