@@ -36,7 +36,7 @@ import psycopg
 from bench.run import Bench, running_seconds
 from pgtask.config import Entry
 from pgtask.metrics import READ_SETTINGS, TableStats
-from pgtask.scheduler import render_query
+from pgtask.queries import render_query
 
 
 def fill(conn: psycopg.Connection, finished: int, queued: int, groups: int) -> None:
