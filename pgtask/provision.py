@@ -23,9 +23,10 @@ COLUMNS: dict[str, str] = {
     "delete": "boolean", "drift": "boolean", "header": "boolean", "save": "boolean",
     "string": "boolean", "delimiter": '"char"', "escape": '"char"', "quote": '"char"', "data": "text",
     "error": "text", "group": "text", "input": "text", "null": "text", "output": "text",
-    "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid",
+    "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid", "after": "bigint[]",
+    "wait": "integer",
 }
-NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease"}
+NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease", "after", "wait"}
 
 
 def _setting(name: str, default: str, cast: str) -> str:
@@ -84,14 +85,17 @@ COMMENTS: dict[str, str] = {
     "remote": "Connect to remote database (if need)",
     "user": "Role that inserted the task; input runs as this role; immutable",
     "attempt": "Claims so far (fencing)", "lease": "Token of the current claim (fencing)",
+    "after": "Ids of the tasks that must end DONE before this one runs; immutable",
+    "wait": "How many of the tasks in after have not ended yet, while WAIT",
 }
 # trigger name suffix -> the query names in triggers.sql
-TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
+TRIGGERS = ("wake_up", "settings", "insert", "update", "stop", "wait", "release", "dropped")
 # functions without a trigger in triggers.sql: name suffix -> number of arguments
 FUNCTIONS = {"start": 3, "check": 3}
 INDEXES = {"plan_idx": "index_plan", "slot_idx": "index_running", "queue_idx": "index_group",
-           "parent_idx": "index_parent", "state_idx": "index_state"}
-LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
+           "parent_idx": "index_parent", "state_idx": "index_state", "after_idx": "index_after",
+           "wait_idx": "index_wait"}
+LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP", "WAIT")
 
 
 @dataclass

@@ -105,7 +105,7 @@ CREATE POLICY {policy} ON {schedule} USING ({@own_rows})
 -- function in a WHERE on the view from seeing the rows the view leaves out.
 CREATE VIEW {open} WITH (security_barrier) AS
 SELECT t."id" FROM {table} t
-WHERE t."state"::text IN ('PLAN', 'TAKE', 'WORK') AND ({@own_rows})
+WHERE t."state"::text IN ('PLAN', 'WAIT', 'TAKE', 'WORK') AND ({@own_rows})
 
 -- comment_open --
 COMMENT ON VIEW {open} IS 'Ids of the current role''s queued or running tasks (pgtask)'
@@ -117,7 +117,7 @@ COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
 CREATE INDEX {index} ON {keys} USING btree ("expires")
 
 -- create_groups --
--- Capacity per group: at most "capacity" rows in PLAN, TAKE or WORK. A group without a row here
+-- Capacity per group: at most "capacity" rows in PLAN, WAIT, TAKE or WORK. A group without a row here
 -- is unlimited and its inserts take no lock.
 CREATE TABLE {groups} (
     "group" text PRIMARY KEY,
@@ -125,7 +125,7 @@ CREATE TABLE {groups} (
 )
 
 -- comment_groups --
-COMMENT ON TABLE {groups} IS 'Admission control: capacity of a group (PLAN + TAKE + WORK rows) (pgtask)'
+COMMENT ON TABLE {groups} IS 'Admission control: capacity of a group (PLAN + WAIT + TAKE + WORK rows) (pgtask)'
 
 -- create_service --
 -- The roles pgtask's service runs as for this table (its entries' users, registered by
@@ -159,7 +159,7 @@ $body$
 CREATE OR REPLACE FUNCTION {fn}(columns jsonb) RETURNS text LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $body$
     SELECT string_agg(k, ', ') FROM jsonb_object_keys($1) k
-    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error')
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait')
        OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
                       AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
 $body$
@@ -206,7 +206,8 @@ BEGIN
     END IF;
     -- counting stops at the capacity: the cost is bounded by the limit, not by the backlog. Queued
     -- and running rows are read through the queue and slot indexes the claim uses (an index of its
-    -- own would cost every task's every state change an index entry, in every group). Running, as
+    -- own would cost every task's every state change an index entry, in every group), waiting ones
+    -- (they become queued when released) through the waiting rows' index. Running, as
     -- for the claim: TAKE, WORK, and a STOP row whose task has not ended yet (a pid, no stop).
     SELECT count(*) INTO live FROM (
         SELECT FROM ((SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."state" = 'PLAN' LIMIT cap)
@@ -214,12 +215,15 @@ BEGIN
                      (SELECT FROM {table} t WHERE t."group" = NEW."group"
                         AND (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL
                                                                 AND t."pid" IS NOT NULL))
-                      LIMIT cap)) u
+                      LIMIT cap)
+                     UNION ALL
+                     (SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."wait" > 0
+                        AND t."state"::text = 'WAIT' LIMIT cap)) u
         LIMIT cap) x;
     IF live >= cap THEN
         RAISE EXCEPTION 'group "%" is full: capacity %', NEW."group", cap
             USING ERRCODE = 'PT001',
-                  DETAIL = format('%s task(s) of group %L are queued or running (PLAN, TAKE, WORK, or STOP and not ended yet).',
+                  DETAIL = format('%s task(s) of group %L are queued, waiting or running (PLAN, WAIT, TAKE, WORK, or STOP and not ended yet).',
                                   live, NEW."group"),
                   HINT = 'Retry later, or raise the capacity of the group.';
     END IF;
