@@ -251,6 +251,58 @@ $body$
 CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
 WHEN (OLD."state" = 'WORK' AND NEW."state" = 'STOP') EXECUTE FUNCTION {fn}()
 
+-- release --
+-- AFTER a task ends: its waiting tasks count it down, in the transaction that ends it. DONE: one
+-- less to wait for; at none the task is released (WAIT -> PLAN) to run at the later of its plan
+-- and now (the wait does not use up its "active"). FAIL, GONE or STOP: they end GONE, naming it,
+-- and so (this trigger again) do the tasks waiting on them. A release wakes the service (a hint:
+-- its own finishes are quiet, see wake_up).
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    released bigint;
+BEGIN
+    IF NEW."state" = 'DONE' THEN
+        UPDATE {table} w SET "wait" = w."wait" - 1,
+            "state" = CASE WHEN w."wait" = 1 THEN 'PLAN' ELSE w."state" END,
+            "plan" = CASE WHEN w."wait" = 1 THEN greatest(w."plan", statement_timestamp()) ELSE w."plan" END
+        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    ELSE
+        UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
+            "stop" = statement_timestamp(), "error" = format('dependency %s ended %s', NEW."id", NEW."state")
+        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    END IF;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify({channel}, 'wake');
+    END IF;
+    RETURN NULL;
+END
+$body$
+
+-- release_trigger --
+CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
+WHEN (OLD."state" IS DISTINCT FROM NEW."state" AND NEW."state"::text IN ('DONE', 'FAIL', 'GONE', 'STOP'))
+EXECUTE FUNCTION {fn}()
+
+-- dropped --
+-- AFTER DELETE of a task that had not ended (retention deletes only ended ones; a finish deletes
+-- only a DONE one, which "release" counted already): the tasks waiting on it end GONE, as for a
+-- failure, and so do theirs.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
+        "stop" = statement_timestamp(), "error" = format('dependency %s was deleted before it ended', OLD."id")
+    WHERE w."after" @> ARRAY[OLD."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    RETURN NULL;
+END
+$body$
+
+-- dropped_trigger --
+CREATE TRIGGER {trigger} AFTER DELETE ON {table} FOR EACH ROW
+WHEN (OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTION {fn}()
+
 -- wait --
 -- BEFORE INSERT, after "insert" (its name sorts first: "user" is settled): a task naming the tasks
 -- it runs after ("after", ids). Each must exist and be a task of a role the new task's role is a
@@ -313,55 +365,3 @@ $body$
 
 -- wait_trigger --
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
-
--- release --
--- AFTER a task ends: its waiting tasks count it down, in the transaction that ends it. DONE: one
--- less to wait for; at none the task is released (WAIT -> PLAN) to run at the later of its plan
--- and now (the wait does not use up its "active"). FAIL, GONE or STOP: they end GONE, naming it,
--- and so (this trigger again) do the tasks waiting on them. A release wakes the service (a hint:
--- its own finishes are quiet, see wake_up).
-CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $body$
-DECLARE
-    released bigint;
-BEGIN
-    IF NEW."state" = 'DONE' THEN
-        UPDATE {table} w SET "wait" = w."wait" - 1,
-            "state" = CASE WHEN w."wait" = 1 THEN 'PLAN' ELSE w."state" END,
-            "plan" = CASE WHEN w."wait" = 1 THEN greatest(w."plan", statement_timestamp()) ELSE w."plan" END
-        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
-    ELSE
-        UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
-            "stop" = statement_timestamp(), "error" = format('dependency %s ended %s', NEW."id", NEW."state")
-        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
-    END IF;
-    GET DIAGNOSTICS released = ROW_COUNT;
-    IF released > 0 THEN
-        PERFORM pg_notify({channel}, 'wake');
-    END IF;
-    RETURN NULL;
-END
-$body$
-
--- release_trigger --
-CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
-WHEN (OLD."state" IS DISTINCT FROM NEW."state" AND NEW."state"::text IN ('DONE', 'FAIL', 'GONE', 'STOP'))
-EXECUTE FUNCTION {fn}()
-
--- dropped --
--- AFTER DELETE of a task that had not ended (retention deletes only ended ones; a finish deletes
--- only a DONE one, which "release" counted already): the tasks waiting on it end GONE, as for a
--- failure, and so do theirs.
-CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $body$
-BEGIN
-    UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
-        "stop" = statement_timestamp(), "error" = format('dependency %s was deleted before it ended', OLD."id")
-    WHERE w."after" @> ARRAY[OLD."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
-    RETURN NULL;
-END
-$body$
-
--- dropped_trigger --
-CREATE TRIGGER {trigger} AFTER DELETE ON {table} FOR EACH ROW
-WHEN (OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTION {fn}()
