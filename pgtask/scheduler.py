@@ -101,6 +101,7 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
     beside = {f"rel_{kind}": sql.Identifier(schema, provision.liveness_table(table, kind))
               for kind in provision.LIVENESS_TABLES}
+    beside["rel_groups"] = sql.Identifier(schema, provision.extra_table(table, "groups"))
     return sql.SQL(named.query("queries.sql", name)).format(
         table=ident, task_columns=sql.SQL(TASK_COLUMNS), state=sql.Identifier(schema, "state"), **beside,
         copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
