@@ -405,6 +405,7 @@ class TableProvisioner:
                     await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
                         ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
+        await self._groups_flow(q)
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
             rel = _ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
@@ -449,6 +450,14 @@ class TableProvisioner:
         for kind, query_name in (("keys", "keys_policy"), ("schedule", "schedule_policy")):
             await self._policy(kind, query_name, q)
         await self.authors(ids)
+
+    async def _groups_flow(self, q) -> None:
+        """A group table without pause and rate (capacities only) gets them (groups_flow)."""
+        rel = extra_table(self.table, "groups")
+        if await _one(self.conn, "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'paused' "
+                                 "AND NOT attisdropped", (sql.Identifier(self.schema, rel).as_string(self.conn),)) is None:
+            await self.conn.execute(q("groups_flow"))
+            self.report.add(f"added paused, rate and burst to {self.schema}.{rel}")
 
     async def _keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
@@ -530,7 +539,8 @@ EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettabl
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
-                   "schedule_wake": ("schedule_wake", "schedule")}
+                   "schedule_wake": ("schedule_wake", "schedule"),
+                   "group_wake": ("group_wake", "groups")}
 
 
 OPEN_VIEW = "open"  # the view of the caller's queued or running task ids (create_open)
@@ -570,6 +580,12 @@ LIVENESS_TABLES = ("claim", "instance")
 def liveness_table(table: str, kind: str) -> str:
     """The name of a table's claim lock table (``kind`` claim) or instance table (instance)."""
     return _ident_name(f"{table}_{kind}")
+
+
+def extra_table(table: str, kind: str) -> str:
+    """The name of a table beside the task table: ``kind`` a key of EXTRA_TABLES (``groups``: the
+    group table, read by the claim)."""
+    return _ident_name(f"{table}_{EXTRA_TABLES[kind]}")
 
 
 def function_name(table: str, kind: str) -> str:
