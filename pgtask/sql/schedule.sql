@@ -432,12 +432,12 @@ CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE ON {schedule} FOR EACH ROW
 WHEN (NEW."next_run" IS NULL AND NEW."error" IS NULL) EXECUTE FUNCTION {fn}()
 
 -- group_wake --
--- A group resumed, or its rate or burst changed: the schedulers claim at once (a hint; they also
--- poll), so a resume takes effect within a claim pass.
+-- A group resumed, or its rate or burst changed while it is not paused: the schedulers claim at
+-- once (a hint; they also poll), so a resume takes effect within a claim pass.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 BEGIN
-    PERFORM pg_notify({channel}, 'wake');
+    PERFORM pg_notify({channel}, 'wake') WHERE NOT NEW."paused";
     RETURN NULL;
 END
 $body$

@@ -9,6 +9,8 @@ import psycopg
 import pytest
 from support import provision_again, wait_for
 
+from pgtask.provision import channel
+
 
 def starts(db) -> list[float]:
     """The database times the tasks recorded (table started), as epoch seconds, in order."""
@@ -102,3 +104,14 @@ def test_a_group_table_of_an_earlier_version_gets_pause_and_rate(db):
     assert "added paused, rate and burst to public.task_group" in actions and "created trigger task_group_wake" in actions
     assert db.execute("SELECT capacity, paused, rate, burst FROM task_group") == [(3, False, None, 1)]
     assert provision_again(db).actions == []
+
+
+def test_a_resume_notifies_the_table_channel(db):
+    """The service's listener wakes a claim pass on it; a pause, or a change to a paused group, does not."""
+    db.execute("INSERT INTO task_group (\"group\", paused) VALUES ('g', false)")
+    with db.connect() as listener:
+        listener.execute(f"LISTEN {channel(db.value('SELECT %s::regclass::oid', ('task',)))}")
+        for change in ("paused = true", "rate = 5", "paused = false", "burst = 2", "capacity = 3"):
+            db.execute(f"UPDATE task_group SET {change}")
+        heard = [n.payload for n in listener.notifies(timeout=0.5, stop_after=10)]
+    assert heard == ["wake", "wake"]  # the resume, then the burst of a running group
