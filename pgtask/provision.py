@@ -24,9 +24,10 @@ COLUMNS: dict[str, str] = {
     "string": "boolean", "delimiter": '"char"', "escape": '"char"', "quote": '"char"', "data": "text",
     "error": "text", "group": "text", "input": "text", "null": "text", "output": "text",
     "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid", "after": "bigint[]",
-    "wait": "integer",
+    "wait": "integer", "waited": "boolean",
 }
-NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease", "after", "wait"}
+NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease", "after", "wait",
+            "waited"}
 
 
 def _setting(name: str, default: str, cast: str) -> str:
@@ -87,6 +88,7 @@ COMMENTS: dict[str, str] = {
     "attempt": "Claims so far (fencing)", "lease": "Token of the current claim (fencing)",
     "after": "Ids of the tasks that must end DONE before this one runs; immutable",
     "wait": "How many of the tasks in after have not ended yet, while WAIT",
+    "waited": "Whether a task waits for this one (its end releases or cascades to them)",
 }
 # trigger name suffix -> the query names in triggers.sql
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop", "wait", "release", "dropped")

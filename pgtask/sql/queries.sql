@@ -361,7 +361,7 @@ WHERE c.oid = %(oid)s::oid AND pg_has_role(c.relowner, 'USAGE')
 SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
 WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
   AND attname NOT IN ('id', 'plan', 'parent', 'start', 'stop', 'pid', 'state', 'error', 'output',
-                      'attempt', 'lease', 'after', 'wait')
+                      'attempt', 'lease', 'after', 'wait', 'waited')
 
 -- flush --
 -- Group commit: the TAKE -> WORK transitions and the finishes of many tasks in one statement (one

@@ -177,7 +177,7 @@ $body$
 CREATE OR REPLACE FUNCTION {fn}(columns jsonb) RETURNS text LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $body$
     SELECT string_agg(k, ', ') FROM jsonb_object_keys($1) k
-    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait')
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait', 'waited')
        OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
                       AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
 $body$

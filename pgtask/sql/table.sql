@@ -42,7 +42,8 @@ CREATE TABLE {table} (
     "attempt" integer,
     "lease" uuid,
     "after" bigint[],
-    "wait" integer
+    "wait" integer,
+    "waited" boolean
 )
 
 -- index_plan --

@@ -148,7 +148,7 @@ $body$
 --   as the task's role (pg_task.id alone can be SET by anyone);
 --   "after" never changes either; a waiting task's release (WAIT -> PLAN, its plan moved to now if
 --   that is later: see "release") is the service's;
---   the task's progress (state, pid, attempt, lease, start, stop, output, error, wait) is written only
+--   the task's progress (state, pid, attempt, lease, start, stop, output, error, wait, waited) is written only
 --   by the service -- a superuser, the table's owner, or a role provisioning registered as the
 --   one an entry's service runs as ({service}) -- and the start function; anyone else may only
 --   STOP a task, and only one of a role they are a member of;
@@ -195,9 +195,11 @@ BEGIN
     END IF;
     IF NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
         IF (NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
-           OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error", NEW."wait")
+           OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error", NEW."wait",
+               NEW."waited")
               IS DISTINCT FROM
-              (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error", OLD."wait") THEN
+              (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error", OLD."wait",
+               OLD."waited") THEN
             IF NOT {is_service}(current_user) THEN
                 RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
                     USING ERRCODE = 'insufficient_privilege',
@@ -252,7 +254,8 @@ CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
 WHEN (OLD."state" = 'WORK' AND NEW."state" = 'STOP') EXECUTE FUNCTION {fn}()
 
 -- release --
--- AFTER a task ends: its waiting tasks count it down, in the transaction that ends it. DONE: one
+-- AFTER a task that tasks wait for ("waited") ends -- no other's end calls it -- its waiting tasks
+-- count it down, in the transaction that ends it. DONE: one
 -- less to wait for; at none the task is released (WAIT -> PLAN) to run at the later of its plan
 -- and now (the wait does not use up its "active"). FAIL, GONE or STOP: they end GONE, naming it,
 -- and so (this trigger again) do the tasks waiting on them. A release wakes the service (a hint:
@@ -282,11 +285,12 @@ $body$
 
 -- release_trigger --
 CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
-WHEN (OLD."state" IS DISTINCT FROM NEW."state" AND NEW."state"::text IN ('DONE', 'FAIL', 'GONE', 'STOP'))
+WHEN (NEW."waited" AND OLD."state" IS DISTINCT FROM NEW."state"
+      AND NEW."state"::text IN ('DONE', 'FAIL', 'GONE', 'STOP'))
 EXECUTE FUNCTION {fn}()
 
 -- dropped --
--- AFTER DELETE of a task that had not ended (retention deletes only ended ones; a finish deletes
+-- AFTER DELETE of a task waited for that had not ended (retention deletes only ended ones; a finish deletes
 -- only a DONE one, which "release" counted already): the tasks waiting on it end GONE, as for a
 -- failure, and so do theirs.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
@@ -301,7 +305,7 @@ $body$
 
 -- dropped_trigger --
 CREATE TRIGGER {trigger} AFTER DELETE ON {table} FOR EACH ROW
-WHEN (OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTION {fn}()
+WHEN (OLD."waited" AND OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTION {fn}()
 
 -- wait --
 -- BEFORE INSERT, after "insert" (its name sorts first: "user" is settled): a task naming the tasks
@@ -310,9 +314,11 @@ WHEN (OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTIO
 -- task can only name tasks that exist already: no cycle can be formed. The ids are kept sorted and
 -- distinct. Those that have ended DONE are met; one that ended FAIL, GONE or STOP makes the task
 -- GONE at once; the rest are counted in "wait", and the task waits (WAIT: no index the claim reads
--- holds it) until "release" counts them down. The unfinished ones are share-locked until this
--- transaction ends: a finish of one of them waits for it, and so sees this row (a finish that
--- committed first is seen here). Only a PLAN row waits: one inserted STOP is held back for good.
+-- holds it) until "release" counts them down. The unfinished ones are locked until this
+-- transaction ends -- a finish of one of them waits for it, and so sees this row (a finish that
+-- committed first is seen here); inserts naming the same unfinished task take turns -- and marked
+-- "waited": only their ends run "release".
+-- Only a PLAN row waits: one inserted STOP is held back for good.
 CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
@@ -322,6 +328,7 @@ DECLARE
     open integer;
 BEGIN
     NEW."wait" := NULL;
+    NEW."waited" := NULL;
     IF NEW."after" IS NULL THEN
         RETURN NEW;
     END IF;
@@ -342,8 +349,11 @@ BEGIN
                            'the new task''s role is not a member of.',
                   HINT = 'A task can only run after existing tasks of its own role.';
     END IF;
+    -- locked in id order, as strongly as the mark's update (no upgrade to deadlock on)
     PERFORM FROM {table} t WHERE t."id" = ANY(named)
-        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP') ORDER BY t."id" FOR SHARE OF t;
+        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP') ORDER BY t."id" FOR NO KEY UPDATE OF t;
+    UPDATE {table} t SET "waited" = true WHERE t."id" = ANY(named) AND t."waited" IS NOT TRUE
+        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP');
     SELECT t."id", t."state" INTO ended FROM {table} t WHERE t."id" = ANY(named)
         AND t."state"::text IN ('FAIL', 'GONE', 'STOP') ORDER BY t."id" LIMIT 1;
     SELECT count(*) INTO open FROM {table} t WHERE t."id" = ANY(named)

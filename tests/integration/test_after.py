@@ -7,10 +7,11 @@ not a member of, is refused."""
 from __future__ import annotations
 
 import json
+import threading
 
 import psycopg
 import pytest
-from support import killed_mid_task
+from support import killed_mid_task, race, wait_for
 from test_authors import author, enqueue
 
 
@@ -169,3 +170,41 @@ def test_dependents_released_once_after_a_crash(db, service_factory):
         db.wait_state(w, timeout=30)
     assert sorted(db.value("SELECT array_agg(id) FROM ran")) == sorted([a, *(-w for w in waiters)])
     assert [db.task(w)["attempt"] for w in waiters] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("first", ["insert", "finish"])
+def test_an_insert_racing_the_finish_of_its_dependency(db, first):
+    """Whichever transaction takes the dependency's row first, the other waits for it: the waiting
+    task is released by the finish, or sees the dependency DONE at its insert."""
+    a = db.insert("SELECT 1", delete=False)
+    db.claim(a)
+    finish = ("UPDATE task SET state = 'DONE', stop = now() WHERE id = %s", (a,))
+    insert = ("INSERT INTO task (input, after) VALUES ('SELECT 2', ARRAY[%s]::bigint[])", (a,))
+    held, later = (insert, finish) if first == "insert" else (finish, insert)
+    with db.connect() as holder, db.connect() as other:
+        holder.execute("BEGIN")
+        holder.execute(*held)
+        pid = other.info.backend_pid
+        second = threading.Thread(target=lambda: other.execute(*later))
+        second.start()
+        wait_for(lambda: db.value("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)),
+                 message="the second transaction to wait for the first's lock")
+        holder.execute("COMMIT")
+        second.join(30)
+    assert db.task(a)["state"] == "DONE"
+    assert db.execute("SELECT state::text FROM task WHERE id <> %s", (a,)) == [("PLAN",)]
+
+
+def test_inserts_naming_the_same_dependency_take_turns(db):
+    a = db.insert("SELECT 1")
+    def insert(go):
+        with db.connect() as conn:
+            go()
+            return conn.execute("INSERT INTO task (input, after) VALUES ('SELECT 2', ARRAY[%s]::bigint[]) RETURNING id",
+                                (a,)).fetchone()[0]
+
+    results, errors = race(8, insert)
+    assert not errors and len(results) == 8, errors
+    assert db.value("SELECT count(*) FROM task WHERE state = 'WAIT' AND wait = 1") == 8
+    end(db, a)
+    assert db.value("SELECT count(*) FROM task WHERE state = 'PLAN'") == 8
