@@ -328,14 +328,15 @@ WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.d
 -- settings' fingerprint (settings_mark); then when this backend last read the server's
 -- configuration (a reload: the sessions' error style is read again, see Session.style) and the
 -- error style in force here (remote tasks' errors).
-SELECT extract(epoch FROM least(
-           (SELECT min("plan") FROM {table}
-            WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan")),
-           (SELECT min(x.at) FROM (
-                SELECT g."refilled" + make_interval(secs => (1 - g."tokens") / g."rate") AS at FROM {rel_groups} g
-                WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
-            WHERE x.at > statement_timestamp()))
-       - statement_timestamp())::float8,
+SELECT least(extract(epoch FROM (SELECT min("plan") FROM {table}
+                                  WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
+                                 - statement_timestamp())::float8,
+             -- in seconds, not as a time: no refilled and rate a user wrote can overflow a timestamp
+             (SELECT min(x.s) FROM (
+                  SELECT extract(epoch FROM g."refilled" - statement_timestamp())::float8
+                         + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_groups} g
+                  WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
+              WHERE x.s > 0)),
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
        ({@settings_mark}),
        pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')

@@ -127,7 +127,7 @@ CREATE TABLE {groups} (
     "group" text PRIMARY KEY,
     "capacity" integer CHECK ("capacity" >= 0),
     "paused" boolean NOT NULL DEFAULT false,
-    "rate" numeric CHECK ("rate" > 0 AND "rate" <= 1000000),
+    "rate" numeric CHECK ("rate" >= 0.000001 AND "rate" <= 1000000),
     "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
     "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
     "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))
@@ -137,7 +137,7 @@ CREATE TABLE {groups} (
 -- A group table of a version that had capacities only: pause and rate, as in create_groups.
 ALTER TABLE {groups} ALTER COLUMN "capacity" DROP NOT NULL,
     ADD COLUMN "paused" boolean NOT NULL DEFAULT false,
-    ADD COLUMN "rate" numeric CHECK ("rate" > 0 AND "rate" <= 1000000),
+    ADD COLUMN "rate" numeric CHECK ("rate" >= 0.000001 AND "rate" <= 1000000),
     ADD COLUMN "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
     ADD COLUMN "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
     ADD COLUMN "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))

@@ -78,8 +78,19 @@ def test_a_group_row_locked_by_a_user_holds_up_only_that_group(db, service):
     assert db.wait_state(held)["state"] == "DONE"
 
 
+def test_extreme_bucket_values_fail_no_claim(db, service):
+    """The far ends of what the checks let through -- the least rate, a refill at the end of time --
+    overflow nothing in the claim pass: the other groups' tasks run."""
+    db.execute("""INSERT INTO task_group ("group", rate, burst, tokens, refilled) VALUES
+                  ('slow', 0.000001, 1000000, 0, '294276-12-31'), ('old', 1000000, 1000000, 0, '4713-01-01 BC')""")
+    db.insert("SELECT 1", group="slow")
+    old = db.insert("SELECT 1", group="old", delete=False)
+    free = db.insert("SELECT 1", group="free", delete=False)
+    assert db.wait_state(free)["state"] == "DONE" and db.wait_state(old)["state"] == "DONE"
+
+
 @pytest.mark.parametrize("column,value", [
-    ("rate", "'NaN'"), ("rate", "'Infinity'"), ("rate", "0"), ("rate", "-1"), ("rate", "1e7"),
+    ("rate", "'NaN'"), ("rate", "'Infinity'"), ("rate", "0"), ("rate", "-1"), ("rate", "1e7"), ("rate", "1e-9"),
     ("burst", "0"), ("burst", "-5"), ("burst", "NULL"), ("tokens", "'NaN'"), ("tokens", "-1"),
     ("refilled", "'infinity'"), ("refilled", "'-infinity'"), ("paused", "NULL"), ("capacity", "-1"),
 ])
