@@ -85,17 +85,14 @@ WITH RECURSIVE keys AS (
     LEFT JOIN running run ON run.g = c."group" AND run.r IS NOT DISTINCT FROM c."remote"
     WHERE k.room > 0
 ), ranked AS (
+    -- gk: a rate-limited group's remotes share its allowance (counting the rows of a remote past its
+    -- room too: the cut can only be stricter than the allowance, never looser)
     SELECT "id", cap, cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k,
-           "group", "remote", "user"
+           row_number() OVER (PARTITION BY "group" ORDER BY cap DESC, "id") AS gk, "group", "remote", "user"
     FROM locked
-), eligible AS (
-    SELECT "id", cap, "group", "remote", "user",
-           row_number() OVER (PARTITION BY "group" ORDER BY cap DESC, "id") AS gk
-    FROM ranked WHERE k >= 0
 ), chosen AS (
-    -- a rate-limited group's remotes share its allowance
-    SELECT e."id", e."group", e."remote", e."user" FROM eligible e LEFT JOIN flow f ON f.g = e."group"
-    WHERE f.allow IS NULL OR e.gk <= f.allow ORDER BY e.cap DESC, e."id" LIMIT %(limit)s
+    SELECT e."id", e."group", e."remote", e."user" FROM ranked e LEFT JOIN flow f ON f.g = e."group"
+    WHERE e.k >= 0 AND (f.allow IS NULL OR e.gk <= f.allow) ORDER BY e.cap DESC, e."id" LIMIT %(limit)s
 ), spent AS (
     -- the tokens the started tasks took: the bucket as it is now, less them
     UPDATE {rel_groups} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
