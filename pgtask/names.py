@@ -32,6 +32,12 @@ def liveness_table(table: str, kind: str) -> str:
     return ident_name(f"{table}_{kind}")
 
 
+def extra_table(table: str, kind: str) -> str:
+    """The name of a table beside the task table: ``kind`` a key of EXTRA_TABLES (``groups``: the
+    group table, read by the claim)."""
+    return ident_name(f"{table}_{EXTRA_TABLES[kind]}")
+
+
 def function_name(table: str, kind: str) -> str:
     """The name of a table's trigger function or helper function (``<table>_<kind>``)."""
     return ident_name(f"{table}_{kind}")

@@ -19,6 +19,7 @@ from .names import (
     LIVENESS_TABLES,
     author_role,
     channel,
+    extra_table,
     function_name,
     ident_name,
     liveness_table,
@@ -32,9 +33,11 @@ COLUMNS: dict[str, str] = {
     "delete": "boolean", "drift": "boolean", "header": "boolean", "save": "boolean",
     "string": "boolean", "delimiter": '"char"', "escape": '"char"', "quote": '"char"', "data": "text",
     "error": "text", "group": "text", "input": "text", "null": "text", "output": "text",
-    "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid",
+    "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid", "after": "bigint[]",
+    "wait": "integer", "waited": "boolean",
 }
-NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease"}
+NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease", "after", "wait",
+            "waited"}
 
 
 def _setting(name: str, default: str, cast: str) -> str:
@@ -93,14 +96,18 @@ COMMENTS: dict[str, str] = {
     "remote": "Connect to remote database (if need)",
     "user": "Role that inserted the task; input runs as this role; immutable",
     "attempt": "Claims so far (fencing)", "lease": "Token of the current claim (fencing)",
+    "after": "Ids of the tasks that must end DONE before this one runs; immutable",
+    "wait": "How many of the tasks in after have not ended yet, while WAIT",
+    "waited": "Whether a task waits for this one (its end releases or cascades to them)",
 }
 # trigger name suffix -> the query names in triggers.sql
-TRIGGERS = ("wake_up", "settings", "insert", "update", "stop")
+TRIGGERS = ("wake_up", "settings", "insert", "update", "stop", "wait", "release", "dropped")
 # functions without a trigger in triggers.sql: name suffix -> number of arguments
 FUNCTIONS = {"start": 3, "check": 3}
 INDEXES = {"plan_idx": "index_plan", "slot_idx": "index_running", "queue_idx": "index_group",
-           "parent_idx": "index_parent", "state_idx": "index_state"}
-LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP")
+           "parent_idx": "index_parent", "state_idx": "index_state", "after_idx": "index_after",
+           "wait_idx": "index_wait"}
+LABELS = ("PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP", "WAIT")
 
 
 @dataclass
@@ -405,6 +412,7 @@ class TableProvisioner:
                     await c.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(
                         ids[kind], sql.Identifier(self.owner)))
                 self.report.add(f"created table {self.schema}.{rel}")
+        await self._groups_flow(q)
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
             rel = ident_name(f"{self.table}_{suffix}")
             if await self._relation(rel) is None:
@@ -449,6 +457,14 @@ class TableProvisioner:
         for kind, query_name in (("keys", "keys_policy"), ("schedule", "schedule_policy")):
             await self._policy(kind, query_name, q)
         await self.authors(ids)
+
+    async def _groups_flow(self, q) -> None:
+        """A group table without pause and rate (capacities only) gets them (groups_flow)."""
+        rel = extra_table(self.table, "groups")
+        if await _one(self.conn, "SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'paused' "
+                                 "AND NOT attisdropped", (sql.Identifier(self.schema, rel).as_string(self.conn),)) is None:
+            await self.conn.execute(q("groups_flow"))
+            self.report.add(f"added paused, rate and burst to {self.schema}.{rel}")
 
     async def _keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
@@ -527,7 +543,8 @@ EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettabl
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
-                   "schedule_wake": ("schedule_wake", "schedule")}
+                   "schedule_wake": ("schedule_wake", "schedule"),
+                   "group_wake": ("group_wake", "groups")}
 
 
 OPEN_VIEW = "open"  # the view of the caller's queued or running task ids (create_open)

@@ -73,6 +73,7 @@ def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> 
     cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
     beside = {f"rel_{kind}": sql.Identifier(schema, names.liveness_table(table, kind))
               for kind in names.LIVENESS_TABLES}
+    beside["rel_groups"] = sql.Identifier(schema, names.extra_table(table, "groups"))
     return sql.SQL(named.query("queries.sql", name)).format(
         table=ident, regclass=sql.Literal(ident.as_string(None)), task_columns=sql.SQL(TASK_COLUMNS),
         state=sql.Identifier(schema, "state"), **beside,

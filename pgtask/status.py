@@ -228,6 +228,26 @@ def total_cells(found: list[dict]) -> list[str]:
             "", "", *(count(total[s]) for s in ("done", "fail", "gone", "stop"))]
 
 
+# -- flow control ----------------------------------------------------------------------------------
+
+FLOW_COLUMNS = ("group", "paused", "rate", "burst", "tokens", "capacity", "due", "waiting")
+FLOW_NUMERIC = (False, False, True, True, True, True, True, True)
+
+
+def flow(conn: psycopg.Connection, schema: str, table_name: str) -> list[dict]:
+    """The flow query's rows (see inspect.sql): the groups with a row in the group table."""
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(patterns.query("inspect", "flow", schema, table_name)).fetchall()
+
+
+def flow_cells(g: dict) -> list[str]:
+    """One group's flow control as text, in FLOW_COLUMNS' order: unlimited values are blank."""
+    return [g["group"], "PAUSED" if g["paused"] else "", rate(g["rate"]),
+            count(g["burst"]) if g["rate"] is not None else "",
+            "" if missing(g["tokens"]) else f"{float(g['tokens']):.1f}", count(g["capacity"]),
+            count(g["due"]), count(g["waiting"])]
+
+
 # -- the commands ----------------------------------------------------------------------------------
 
 
@@ -251,6 +271,15 @@ def report(conn: psycopg.Connection, schema: str, table_name: str, since: str = 
     lines += ["  " + line for line in table(GROUP_COLUMNS, rows, GROUP_NUMERIC)]
     if len(found) > limit:
         lines.append(f"  … and {len(found) - limit:,} more groups (--groups N shows more)")
+    controlled = flow(conn, schema, table_name)
+    if controlled:
+        paused = sum(1 for g in controlled if g["paused"])
+        lines.append(f"flow control ({schema}.{table_name}_group): {plural(paused, 'paused group')}, "
+                     f"{plural(sum(1 for g in controlled if g['rate'] is not None), 'rate-limited group')}")
+        lines += ["  " + line for line in table(FLOW_COLUMNS, [flow_cells(g) for g in controlled[:limit]],
+                                                FLOW_NUMERIC)]
+        if len(controlled) > limit:
+            lines.append(f"  … and {len(controlled) - limit:,} more groups (--groups N shows more)")
     return lines
 
 

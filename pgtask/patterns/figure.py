@@ -1,10 +1,11 @@
-"""The queue inspection notebook's figure, drawn from its query results (pandas DataFrames)."""
+"""The notebooks' figures: the queue inspection's, drawn from its query results (pandas
+DataFrames), and a graph of tasks and their dependencies (the depend notebook's)."""
 
 from __future__ import annotations
 
 from ..status import count, duration
 
-STATE_COLORS = {"PLAN": "#9e9e9e", "TAKE": "#64b5f6", "WORK": "#1e88e5", "DONE": "#43a047",
+STATE_COLORS = {"PLAN": "#9e9e9e", "WAIT": "#fdd835", "TAKE": "#64b5f6", "WORK": "#1e88e5", "DONE": "#43a047",
                 "FAIL": "#e53935", "GONE": "#fb8c00", "STOP": "#8e24aa"}
 FINAL = ("DONE", "FAIL", "GONE", "STOP")
 
@@ -105,3 +106,44 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
 
+
+
+def dag_figure(title: str, tasks: list[dict]):
+    """Tasks as a graph, each node coloured by its state and each arrow from a task to one that
+    runs after it. ``tasks``: dicts with ``id``, ``label``, ``state`` and ``after`` (ids; those not
+    among the tasks are left out). Columns are the longest chain of dependencies before a task."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    by_id = {t["id"]: t for t in tasks}
+    depth: dict[int, int] = {}
+
+    def level(i: int) -> int:  # the ids form no cycle: a task names only tasks older than itself
+        if i not in depth:
+            depth[i] = 1 + max((level(a) for a in by_id[i]["after"] or () if a in by_id), default=-1)
+        return depth[i]
+
+    columns: dict[int, list[int]] = {}
+    for t in sorted(tasks, key=lambda t: t["id"]):
+        columns.setdefault(level(t["id"]), []).append(t["id"])
+    tallest = max((len(c) for c in columns.values()), default=1)
+    at = {i: (x, (len(ids) - 1) / 2 - y) for x, ids in columns.items() for y, i in enumerate(ids)}  # centred
+    fig, ax = plt.subplots(figsize=(2.6 * max(len(columns), 2), 1.1 * tallest + 1.2), layout="constrained")
+    for t in tasks:
+        for a in t["after"] or ():
+            if a in at:
+                ax.annotate("", at[t["id"]], at[a], arrowprops={"arrowstyle": "-|>", "color": "#616161",
+                                                                "shrinkA": 38, "shrinkB": 38})
+    for t in tasks:
+        x, y = at[t["id"]]
+        ax.text(x, y, f"{t['label']}\n{t['state']}", ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round,pad=0.5", "facecolor": STATE_COLORS.get(t["state"], "#ffffff"),
+                      "edgecolor": "#424242"})
+    ax.set_xlim(-0.6, max(len(columns), 1) - 0.4)
+    ax.set_ylim(-tallest / 2 - 0.2, tallest / 2 + 0.2)
+    ax.axis("off")
+    shown = [s for s in STATE_COLORS if any(t["state"] == s for t in tasks)]
+    ax.legend(handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#424242", label=s) for s in shown],
+              loc="upper center", bbox_to_anchor=(0.5, 0), ncol=len(shown) or 1, frameon=False)
+    ax.set_title(title)
+    return fig

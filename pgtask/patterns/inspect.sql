@@ -26,8 +26,10 @@ WITH svc AS (
            count(*) FILTER (WHERE {@orphaned}) AS "orphaned"
     FROM {table} t WHERE ({@table.sql:slot_held}) GROUP BY 1, 2
 ), due AS (
-    SELECT d."plan", greatest(d."max", 0) + 1 > coalesce(h."n", 0) AS "free"
+    -- a paused group's rows wait by design, and a rate-limited group's at its pace: neither is late
+    SELECT d."plan", greatest(d."max", 0) + 1 > coalesce(h."n", 0) AND g."group" IS NULL AS "free"
     FROM {table} d LEFT JOIN held h ON h."group" = d."group" AND h."remote" = coalesce(d."remote", '')
+    LEFT JOIN {rel_group} g ON g."group" = d."group" AND (g."paused" OR g."rate" IS NOT NULL)
     WHERE d."state" = 'PLAN' AND d."plan" <= statement_timestamp()
 )
 SELECT (SELECT count(*) FROM svc) AS "services",
@@ -83,6 +85,20 @@ SELECT "group",
            AS "pickup_p99_seconds"
 FROM {table}
 GROUP BY "group"
+
+-- query flow --
+-- The groups under flow control (a row in the group table), paused ones first: capacity, pause,
+-- rate and burst, the rate's tokens now (as the claim counts them: see "flow" in queries.sql),
+-- and the group's due and waiting (WAIT: dependencies) tasks.
+SELECT g."group", g."capacity", g."paused", g."rate"::float8 AS "rate", g."burst",
+       CASE WHEN g."rate" IS NOT NULL THEN least(g."burst", g."tokens"::numeric + g."rate" * greatest(
+           extract(epoch FROM statement_timestamp() - g."refilled"), 0))::float8 END AS "tokens",
+       (SELECT count(*) FROM {table} t WHERE t."state" = 'PLAN' AND t."group" = g."group"
+                                         AND t."plan" <= statement_timestamp()) AS "due",
+       (SELECT count(*) FROM {table} t WHERE t."wait" > 0 AND t."group" = g."group"
+                                         AND t."state"::text = 'WAIT') AS "waiting"
+FROM {rel_group} g
+ORDER BY g."paused" DESC, g."group"
 
 -- query longest --
 -- The task running longest now (TAKE/WORK), with its group and the start of its input.

@@ -162,7 +162,7 @@ def demo_reset(conn: psycopg.Connection, schema: str, table: str, mark: str, tim
     """Remove the rows an earlier run of a demo left (``data = mark``): planned ones are STOPped,
     running ones waited for, then all deleted. Returns how many were deleted."""
     t = sql.Identifier(schema, table)
-    conn.execute(sql.SQL("UPDATE {} SET \"state\" = 'STOP' WHERE \"data\" = %s AND \"state\" = 'PLAN'").format(t),
+    conn.execute(sql.SQL("UPDATE {} SET \"state\" = 'STOP' WHERE \"data\" = %s AND \"state\"::text IN ('PLAN', 'WAIT')").format(t),
                  (mark,))
     wait_until(lambda: not conn.execute(sql.SQL("SELECT 1 FROM {} WHERE \"data\" = %s AND \"state\" IN "
                                                 "('TAKE', 'WORK')").format(t), (mark,)).fetchone(),

@@ -63,9 +63,13 @@ WITH RECURSIVE keys AS (
     SELECT "group" AS g, "remote" AS r, count(*) AS n FROM {table}
     WHERE {@table.sql:slot_held}
     GROUP BY 1, 2
+), flow AS (
+    -- groups paused or rate-limited (see "flow"): how many tasks each may start in this pass
+    {@flow}
 ), heads AS (
-    SELECT k.g, k.r, greatest(k.gmax - coalesce(sum(run.n), 0) + 1, 0) AS room
+    SELECT k.g, k.r, least(greatest(k.gmax - coalesce(sum(run.n), 0) + 1, 0), min(f.allow)) AS room
     FROM keys k LEFT JOIN running run ON run.g = k.g AND coalesce(run.r, '') = k.r
+    LEFT JOIN flow f ON f.g = k.g
     GROUP BY k.g, k.r, k.gmax
 ), locked AS (
     SELECT c."id", greatest(c."max", 0) - coalesce(run.n, 0) AS cap, c."group", c."remote", c."user"
@@ -81,12 +85,19 @@ WITH RECURSIVE keys AS (
     LEFT JOIN running run ON run.g = c."group" AND run.r IS NOT DISTINCT FROM c."remote"
     WHERE k.room > 0
 ), ranked AS (
+    -- gk: a rate-limited group's remotes share its allowance (counting the rows of a remote past its
+    -- room too: the cut can only be stricter than the allowance, never looser)
     SELECT "id", cap, cap - row_number() OVER (PARTITION BY "group", "remote" ORDER BY cap DESC, "id") + 1 AS k,
-           "group", "remote", "user"
+           row_number() OVER (PARTITION BY "group" ORDER BY cap DESC, "id") AS gk, "group", "remote", "user"
     FROM locked
 ), chosen AS (
-    SELECT "id", "group", "remote", "user" FROM ranked WHERE k >= 0 AND {@same_table}
-    ORDER BY cap DESC, "id" LIMIT %(limit)s
+    SELECT e."id", e."group", e."remote", e."user" FROM ranked e LEFT JOIN flow f ON f.g = e."group"
+    WHERE e.k >= 0 AND (f.allow IS NULL OR e.gk <= f.allow) AND {@same_table} ORDER BY e.cap DESC, e."id" LIMIT %(limit)s
+), spent AS (
+    -- the tokens the started tasks took: the bucket as it is now, less them
+    UPDATE {rel_groups} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
+    FROM (SELECT "group", count(*) AS n FROM chosen GROUP BY 1) c, flow f
+    WHERE g."group" = c."group" AND f.g = c."group" AND f.avail IS NOT NULL
 ), offered AS (
     -- Idle executor sessions the service offers, each (its pid, the task it ran, which this
     -- transaction finished): a chosen local task of that task's role and group takes one and goes
@@ -111,6 +122,22 @@ UPDATE {table} t SET "state" = CASE WHEN m.pid IS NULL THEN 'TAKE'::{state} ELSE
 FROM chosen LEFT JOIN matched m ON m."id" = chosen."id" WHERE t."id" = chosen."id"
 RETURNING {task_columns}, m.pid AS session_pid
 
+-- flow --
+-- (Part of claim.) Per group with a row in the group table that is paused or has a rate: "allow",
+-- the tasks it may start now (NULL: no limit), and "avail", its rate's tokens now (NULL: no rate).
+-- A token bucket in database time: tokens accrue at "rate" a second since "refilled", up to
+-- "burst". The row of a rate-limited group is locked for the claim's update of its tokens --
+-- skipping a row someone else holds (a user's open UPDATE of it): that group starts nothing in
+-- this pass, and no other group's claim waits for it.
+SELECT g."group" AS g,
+       CASE WHEN g."paused" OR h."group" IS NULL THEN 0 ELSE floor(h.avail) END AS allow, h.avail
+FROM {rel_groups} g LEFT JOIN (
+    SELECT b."group", least(b."burst", b."tokens"::numeric + b."rate" * greatest(
+               extract(epoch FROM statement_timestamp() - b."refilled"), 0)) AS avail
+    FROM {rel_groups} b WHERE b."rate" IS NOT NULL AND NOT b."paused"
+    FOR NO KEY UPDATE OF b SKIP LOCKED) h ON h."group" = g."group"
+WHERE g."paused" OR g."rate" IS NOT NULL
+
 -- claim_next --
 -- Executor reuse within count/live (the manual's task_live): the next due task of the same group,
 -- with max >= the max of the task that started this executor -- and of the same role: a session
@@ -126,6 +153,8 @@ WITH s AS (
                THEN "count" > %(done)s AND %(born)s::timestamptz + least("live", interval '100000 years') > statement_timestamp()
                ELSE "count" > %(done)s OR %(born)s::timestamptz + least("live", interval '100000 years')
                     > statement_timestamp() END
+      -- a paused or rate-limited group's tasks start through the claim (it keeps the count)
+      AND NOT EXISTS (SELECT FROM {rel_groups} g WHERE g."group" = %(group)s AND (g."paused" OR g."rate" IS NOT NULL))
     ORDER BY "max" DESC, "id" LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 )
@@ -298,13 +327,21 @@ FROM pg_catalog.pg_db_role_setting s
 WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database()))
 
 -- next --
--- Seconds until the next planned row (NULL: none) and whether due rows wait (blocked by max); the
+-- Seconds until the next planned row or the next token of a rate-limited group that spent its
+-- tokens (NULL: none; such a group is looked at once more when its token comes, whether or not
+-- its tasks wait for it) and whether due rows wait (blocked by max, a pause or a rate); the
 -- settings' fingerprint (settings_mark); the table's oid now (see same_table); then when this
 -- backend last read the server's configuration (a reload: the sessions' error style is read again,
 -- see Session.style) and the error style in force here (remote tasks' errors).
-SELECT extract(epoch FROM (SELECT min("plan") FROM {table}
-                           WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
-                          - statement_timestamp())::float8,
+SELECT least(extract(epoch FROM (SELECT min("plan") FROM {table}
+                                  WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
+                                 - statement_timestamp())::float8,
+             -- in seconds, not as a time: no refilled and rate a user wrote can overflow a timestamp
+             (SELECT min(x.s) FROM (
+                  SELECT extract(epoch FROM g."refilled" - statement_timestamp())::float8
+                         + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_groups} g
+                  WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
+              WHERE x.s > 0)),
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
        ({@settings_mark}), to_regclass({regclass})::oid::int8,
        pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
@@ -325,11 +362,12 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = %(oid)s::oid AND pg_has_role(c.relowner, 'USAGE')
 
 -- columns --
--- Every live column except those a repeat sets itself (the manual's task_columns()).
+-- Every live column except those a repeat sets itself (the manual's task_columns()) and the
+-- dependencies: the next occurrence waits for nothing.
 SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
 WHERE attrelid = %(oid)s::oid AND attnum > 0 AND NOT attisdropped
   AND attname NOT IN ('id', 'plan', 'parent', 'start', 'stop', 'pid', 'state', 'error', 'output',
-                      'attempt', 'lease')
+                      'attempt', 'lease', 'after', 'wait', 'waited')
 
 -- flush --
 -- Group commit: the TAKE -> WORK transitions and the finishes of many tasks in one statement (one

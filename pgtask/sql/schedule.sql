@@ -105,7 +105,7 @@ CREATE POLICY {policy} ON {schedule} USING ({@own_rows})
 -- function in a WHERE on the view from seeing the rows the view leaves out.
 CREATE VIEW {open} WITH (security_barrier) AS
 SELECT t."id" FROM {table} t
-WHERE t."state"::text IN ('PLAN', 'TAKE', 'WORK') AND ({@own_rows})
+WHERE t."state"::text IN ('PLAN', 'WAIT', 'TAKE', 'WORK') AND ({@own_rows})
 
 -- comment_open --
 COMMENT ON VIEW {open} IS 'Ids of the current role''s queued or running tasks (pgtask)'
@@ -117,15 +117,33 @@ COMMENT ON TABLE {keys} IS 'Idempotency key reservations (pgtask)'
 CREATE INDEX {index} ON {keys} USING btree ("expires")
 
 -- create_groups --
--- Capacity per group: at most "capacity" rows in PLAN, TAKE or WORK. A group without a row here
--- is unlimited and its inserts take no lock.
+-- Flow control per group. "capacity": at most that many rows in PLAN, WAIT, TAKE or WORK (NULL:
+-- no limit; a group without a row here is unlimited and its inserts take no lock). "paused": its
+-- tasks are not claimed (running ones finish). "rate": tasks started per second (NULL: no limit),
+-- with bursts of up to "burst": a token bucket the claim keeps in "tokens" and "refilled" (see
+-- "claim" in queries.sql). Values that would break the arithmetic (NaN, infinity, negative,
+-- zero) are refused by the checks, naming the column.
 CREATE TABLE {groups} (
     "group" text PRIMARY KEY,
-    "capacity" integer NOT NULL CHECK ("capacity" >= 0)
+    "capacity" integer CHECK ("capacity" >= 0),
+    "paused" boolean NOT NULL DEFAULT false,
+    "rate" numeric CHECK ("rate" >= 0.000001 AND "rate" <= 1000000),
+    "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
+    "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
+    "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))
 )
 
+-- groups_flow --
+-- A group table of a version that had capacities only: pause and rate, as in create_groups.
+ALTER TABLE {groups} ALTER COLUMN "capacity" DROP NOT NULL,
+    ADD COLUMN "paused" boolean NOT NULL DEFAULT false,
+    ADD COLUMN "rate" numeric CHECK ("rate" >= 0.000001 AND "rate" <= 1000000),
+    ADD COLUMN "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
+    ADD COLUMN "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
+    ADD COLUMN "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))
+
 -- comment_groups --
-COMMENT ON TABLE {groups} IS 'Admission control: capacity of a group (PLAN + TAKE + WORK rows) (pgtask)'
+COMMENT ON TABLE {groups} IS 'Flow control of a group: capacity (PLAN + WAIT + TAKE + WORK rows), pause, rate (pgtask)'
 
 -- create_service --
 -- The roles pgtask's service runs as for this table (its entries' users, registered by
@@ -159,7 +177,7 @@ $body$
 CREATE OR REPLACE FUNCTION {fn}(columns jsonb) RETURNS text LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $body$
     SELECT string_agg(k, ', ') FROM jsonb_object_keys($1) k
-    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error')
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait', 'waited')
        OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
                       AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
 $body$
@@ -183,12 +201,12 @@ BEGIN
     END IF;
     -- a plain read first: a group without a limit takes no row lock (only the AccessShareLock
     -- any read takes, which conflicts with nothing but DDL)
-    PERFORM FROM {groups} g WHERE g."group" = NEW."group";
+    PERFORM FROM {groups} g WHERE g."group" = NEW."group" AND g."capacity" IS NOT NULL;
     IF NOT FOUND THEN
         RETURN NEW;
     END IF;
     SELECT g."capacity" INTO cap FROM {groups} g WHERE g."group" = NEW."group" FOR UPDATE;
-    IF NOT FOUND THEN
+    IF cap IS NULL THEN
         RETURN NEW;
     END IF;
     -- only the service's own insert: anyone may name a parent. (This function runs as its owner:
@@ -206,7 +224,8 @@ BEGIN
     END IF;
     -- counting stops at the capacity: the cost is bounded by the limit, not by the backlog. Queued
     -- and running rows are read through the queue and slot indexes the claim uses (an index of its
-    -- own would cost every task's every state change an index entry, in every group). Running, as
+    -- own would cost every task's every state change an index entry, in every group), waiting ones
+    -- (they become queued when released) through the waiting rows' index. Running, as
     -- for the claim: TAKE, WORK, and a STOP row whose task has not ended yet (a pid, no stop).
     SELECT count(*) INTO live FROM (
         SELECT FROM ((SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."state" = 'PLAN' LIMIT cap)
@@ -214,12 +233,15 @@ BEGIN
                      (SELECT FROM {table} t WHERE t."group" = NEW."group"
                         AND (t."state" IN ('TAKE', 'WORK') OR (t."state" = 'STOP' AND t."stop" IS NULL
                                                                 AND t."pid" IS NOT NULL))
-                      LIMIT cap)) u
+                      LIMIT cap)
+                     UNION ALL
+                     (SELECT FROM {table} t WHERE t."group" = NEW."group" AND t."wait" > 0
+                        AND t."state"::text = 'WAIT' LIMIT cap)) u
         LIMIT cap) x;
     IF live >= cap THEN
         RAISE EXCEPTION 'group "%" is full: capacity %', NEW."group", cap
             USING ERRCODE = 'PT001',
-                  DETAIL = format('%s task(s) of group %L are queued or running (PLAN, TAKE, WORK, or STOP and not ended yet).',
+                  DETAIL = format('%s task(s) of group %L are queued, waiting or running (PLAN, WAIT, TAKE, WORK, or STOP and not ended yet).',
                                   live, NEW."group"),
                   HINT = 'Retry later, or raise the capacity of the group.';
     END IF;
@@ -408,3 +430,19 @@ $body$
 -- schedule_wake_trigger --
 CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE ON {schedule} FOR EACH ROW
 WHEN (NEW."next_run" IS NULL AND NEW."error" IS NULL) EXECUTE FUNCTION {fn}()
+
+-- group_wake --
+-- A group resumed, or its rate or burst changed while it is not paused: the schedulers claim at
+-- once (a hint; they also poll), so a resume takes effect within a claim pass.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    PERFORM pg_notify({channel}, 'wake') WHERE NOT NEW."paused";
+    RETURN NULL;
+END
+$body$
+
+-- group_wake_trigger --
+CREATE TRIGGER {trigger} AFTER UPDATE ON {groups} FOR EACH ROW
+WHEN ((OLD."paused" AND NOT NEW."paused") OR (NEW."rate", NEW."burst") IS DISTINCT FROM (OLD."rate", OLD."burst"))
+EXECUTE FUNCTION {fn}()

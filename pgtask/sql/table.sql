@@ -6,7 +6,7 @@
 CREATE SCHEMA {schema}
 
 -- create_state --
-CREATE TYPE {state} AS ENUM ('PLAN', 'GONE', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP')
+CREATE TYPE {state} AS ENUM ('PLAN', 'GONE', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP', 'WAIT')
 
 -- create_table --
 CREATE TABLE {table} (
@@ -40,7 +40,10 @@ CREATE TABLE {table} (
     "remote" text,
     "user" name,
     "attempt" integer,
-    "lease" uuid
+    "lease" uuid,
+    "after" bigint[],
+    "wait" integer,
+    "waited" boolean
 )
 
 -- index_plan --
@@ -72,3 +75,12 @@ CREATE INDEX {index} ON {table} USING btree ("parent")
 
 -- index_state --
 CREATE INDEX {index} ON {table} USING btree ("state")
+
+-- index_after --
+-- The tasks waiting on a task that ends (see "release" in triggers.sql): only waiting rows ("wait"
+-- > 0) are indexed, so the rows that never name a dependency cost it nothing.
+CREATE INDEX {index} ON {table} USING gin ("after") WHERE "wait" > 0
+
+-- index_wait --
+-- A group's waiting rows, counted by admission control (see "capacity" in schedule.sql).
+CREATE INDEX {index} ON {table} USING btree ("group") WHERE "wait" > 0

@@ -142,15 +142,18 @@ $body$
 -- update --
 -- The state machine and the column guards, in one place:
 --   "user", "group", "remote", "parent" never change;
---   the task's definition (input, plan, timing, formatting, data) changes only while PLAN, and only
+--   the task's definition (input, plan, timing, formatting, data) changes only while PLAN or WAIT, and only
 --   by a member of the task's role -- or by the running task itself (the manual's retry pattern
 --   sets its own repeat to 0): its own session (the row's pid) with pg_task.id naming it, acting
 --   as the task's role (pg_task.id alone can be SET by anyone);
---   the task's progress (state, pid, attempt, lease, start, stop, output, error) is written only
+--   "after" never changes either; a waiting task's release (WAIT -> PLAN, its plan moved to now if
+--   that is later: see "release") is the service's;
+--   the task's progress (state, pid, attempt, lease, start, stop, output, error, wait, waited) is written only
 --   by the service -- a superuser, the table's owner, or a role provisioning registered as the
 --   one an entry's service runs as ({service}) -- and the start function; anyone else may only
 --   STOP a task, and only one of a role they are a member of;
---   state moves only PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.
+--   state moves only PLAN->TAKE|WORK|GONE|STOP, WAIT->PLAN|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL,
+--   WORK->DONE|FAIL|PLAN|STOP.
 -- A superuser's own session is told apart first, by a setting no one can SET (is_superuser, the
 -- session's role) in an expression without a query: the service's writes cost no comparison and
 -- no lookup there.
@@ -160,9 +163,9 @@ BEGIN
     IF NEW."user" IS DISTINCT FROM OLD."user" THEN
         RAISE EXCEPTION 'column "user" of task % is immutable', OLD.id USING ERRCODE = 'check_violation';
     END IF;
-    IF (NEW."group", NEW."remote", NEW."parent", NEW."id")
-       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id") THEN
-        RAISE EXCEPTION 'columns "id", "group", "remote" and "parent" of task % are immutable', OLD.id
+    IF (NEW."group", NEW."remote", NEW."parent", NEW."id", NEW."after")
+       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id", OLD."after") THEN
+        RAISE EXCEPTION 'columns "id", "group", "remote", "parent" and "after" of task % are immutable', OLD.id
             USING ERRCODE = 'check_violation',
                   HINT = 'Insert a new task instead.';
     END IF;
@@ -172,14 +175,15 @@ BEGIN
        IS DISTINCT FROM
        (OLD."plan", OLD."active", OLD."live", OLD."repeat", OLD."timeout", OLD."count", OLD."max",
         OLD."delete", OLD."drift", OLD."header", OLD."save", OLD."string", OLD."delimiter",
-        OLD."escape", OLD."quote", OLD."input", OLD."null", OLD."data") THEN
+        OLD."escape", OLD."quote", OLD."input", OLD."null", OLD."data")
+       AND NOT (OLD."state"::text = 'WAIT' AND NEW."state"::text = 'PLAN' AND {is_service}(current_user)) THEN
         IF coalesce(current_setting('pg_task.id', true), '') = OLD.id::text AND OLD."state" = 'WORK'
            AND OLD."pid" = pg_backend_pid() AND pg_has_role(current_user, OLD."user", 'MEMBER') THEN
             NULL;  -- the running task editing its own row
-        ELSIF OLD."state" <> 'PLAN' THEN
+        ELSIF OLD."state"::text NOT IN ('PLAN', 'WAIT') THEN
             RAISE EXCEPTION 'task % is % and can no longer be changed', OLD.id, OLD."state"
                 USING ERRCODE = 'check_violation',
-                      HINT = 'Only a task in state PLAN can be edited.';
+                      HINT = 'Only a task in state PLAN or WAIT can be edited.';
         ELSIF NOT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
               AND (NOT EXISTS (SELECT FROM pg_roles WHERE rolname = OLD."user")
                    OR NOT pg_has_role(current_user, OLD."user", 'MEMBER')) THEN
@@ -191,9 +195,11 @@ BEGIN
     END IF;
     IF NOT (current_user = session_user AND current_setting('is_superuser') = 'on') THEN
         IF (NEW."state" IS DISTINCT FROM OLD."state" AND NEW."state" IS DISTINCT FROM 'STOP')
-           OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error")
+           OR (NEW."pid", NEW."attempt", NEW."lease", NEW."start", NEW."stop", NEW."output", NEW."error", NEW."wait",
+               NEW."waited")
               IS DISTINCT FROM
-              (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error") THEN
+              (OLD."pid", OLD."attempt", OLD."lease", OLD."start", OLD."stop", OLD."output", OLD."error", OLD."wait",
+               OLD."waited") THEN
             IF NOT {is_service}(current_user) THEN
                 RAISE EXCEPTION 'permission denied to change the progress of task %', OLD.id
                     USING ERRCODE = 'insufficient_privilege',
@@ -213,11 +219,13 @@ BEGIN
     END IF;
     IF NEW."state" IS DISTINCT FROM OLD."state" AND NOT (
            (OLD."state" = 'PLAN' AND NEW."state" IN ('TAKE', 'WORK', 'GONE', 'STOP'))
+        OR (OLD."state"::text = 'WAIT' AND NEW."state" IN ('PLAN', 'GONE', 'STOP'))
         OR (OLD."state" = 'TAKE' AND NEW."state" IN ('WORK', 'PLAN', 'DONE', 'FAIL'))
         OR (OLD."state" = 'WORK' AND NEW."state" IN ('DONE', 'FAIL', 'PLAN', 'STOP'))) THEN
         RAISE EXCEPTION 'invalid state transition of task %: % -> %', OLD.id, OLD."state", NEW."state"
             USING ERRCODE = 'check_violation',
-                  HINT = 'Allowed: PLAN->TAKE|WORK|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, WORK->DONE|FAIL|PLAN|STOP.';
+                  HINT = 'Allowed: PLAN->TAKE|WORK|GONE|STOP, WAIT->PLAN|GONE|STOP, TAKE->WORK|PLAN|DONE|FAIL, '
+                         'WORK->DONE|FAIL|PLAN|STOP.';
     END IF;
     RETURN NEW;
 END
@@ -244,3 +252,126 @@ $body$
 -- stop_trigger --
 CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
 WHEN (OLD."state" = 'WORK' AND NEW."state" = 'STOP') EXECUTE FUNCTION {fn}()
+
+-- release --
+-- AFTER a task that tasks wait for ("waited") ends -- no other's end calls it -- its waiting tasks
+-- count it down, in the transaction that ends it. DONE: one
+-- less to wait for; at none the task is released (WAIT -> PLAN) to run at the later of its plan
+-- and now (the wait does not use up its "active"). FAIL, GONE or STOP: they end GONE, naming it,
+-- and so (this trigger again) do the tasks waiting on them. A release wakes the service (a hint:
+-- its own finishes are quiet, see wake_up).
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    released bigint;
+BEGIN
+    IF NEW."state" = 'DONE' THEN
+        UPDATE {table} w SET "wait" = w."wait" - 1,
+            "state" = CASE WHEN w."wait" = 1 THEN 'PLAN' ELSE w."state" END,
+            "plan" = CASE WHEN w."wait" = 1 THEN greatest(w."plan", statement_timestamp()) ELSE w."plan" END
+        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    ELSE
+        UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
+            "stop" = statement_timestamp(), "error" = format('dependency %s ended %s', NEW."id", NEW."state")
+        WHERE w."after" @> ARRAY[NEW."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    END IF;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify({channel}, 'wake');
+    END IF;
+    RETURN NULL;
+END
+$body$
+
+-- release_trigger --
+CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
+WHEN (NEW."waited" AND OLD."state" IS DISTINCT FROM NEW."state"
+      AND NEW."state"::text IN ('DONE', 'FAIL', 'GONE', 'STOP'))
+EXECUTE FUNCTION {fn}()
+
+-- dropped --
+-- AFTER DELETE of a task waited for that had not ended (retention deletes only ended ones; a finish deletes
+-- only a DONE one, which "release" counted already): the tasks waiting on it end GONE, as for a
+-- failure, and so do theirs.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    UPDATE {table} w SET "wait" = 0, "state" = 'GONE', "start" = statement_timestamp(),
+        "stop" = statement_timestamp(), "error" = format('dependency %s was deleted before it ended', OLD."id")
+    WHERE w."after" @> ARRAY[OLD."id"] AND w."wait" > 0 AND w."state"::text = 'WAIT';
+    RETURN NULL;
+END
+$body$
+
+-- dropped_trigger --
+CREATE TRIGGER {trigger} AFTER DELETE ON {table} FOR EACH ROW
+WHEN (OLD."waited" AND OLD."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP')) EXECUTE FUNCTION {fn}()
+
+-- wait --
+-- BEFORE INSERT, after "insert" (its name sorts first: "user" is settled): a task naming the tasks
+-- it runs after ("after", ids). Each must exist and be a task of a role the new task's role is a
+-- member of -- the same error either way, so that no role learns which ids another role holds. A
+-- task can only name tasks that exist already: no cycle can be formed. The ids are kept sorted and
+-- distinct. Those that have ended DONE are met; one that ended FAIL, GONE or STOP makes the task
+-- GONE at once; the rest are counted in "wait", and the task waits (WAIT: no index the claim reads
+-- holds it) until "release" counts them down. The unfinished ones are locked until this
+-- transaction ends -- a finish of one of them waits for it, and so sees this row (a finish that
+-- committed first is seen here); inserts naming the same unfinished task take turns -- and marked
+-- "waited": only their ends run "release".
+-- Only a PLAN row waits: one inserted STOP is held back for good.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    named bigint[];
+    missing bigint;
+    ended record;
+    open integer;
+BEGIN
+    NEW."wait" := NULL;
+    NEW."waited" := NULL;
+    IF NEW."after" IS NULL THEN
+        RETURN NEW;
+    END IF;
+    IF array_ndims(NEW."after") > 1 OR array_position(NEW."after", NULL) IS NOT NULL
+       OR cardinality(NEW."after") > 10000 THEN
+        RAISE EXCEPTION 'invalid after of task: a list of at most 10000 task ids without NULL'
+            USING ERRCODE = 'check_violation', HINT = 'after names the ids of tasks, e.g. ARRAY[41, 42].';
+    END IF;
+    SELECT coalesce(array_agg(DISTINCT d ORDER BY d), '{{}}') INTO named FROM unnest(NEW."after") d;
+    NEW."after" := named;
+    SELECT min(d) INTO missing FROM unnest(named) d
+    WHERE NOT EXISTS (SELECT FROM {table} t JOIN pg_roles r ON r.rolname = t."user"
+                      WHERE t."id" = d AND pg_has_role(NEW."user", r.oid, 'MEMBER'));
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'task % named in after does not exist, or is not a task of role %', missing, NEW."user"
+            USING ERRCODE = 'foreign_key_violation',
+                  DETAIL = 'It never existed, or it ended and was deleted -- or it runs as a role that '
+                           'the new task''s role is not a member of.',
+                  HINT = 'A task can only run after existing tasks of its own role.';
+    END IF;
+    -- locked in id order, as strongly as the mark's update (no upgrade to deadlock on)
+    PERFORM FROM {table} t WHERE t."id" = ANY(named)
+        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP') ORDER BY t."id" FOR NO KEY UPDATE OF t;
+    UPDATE {table} t SET "waited" = true WHERE t."id" = ANY(named) AND t."waited" IS NOT TRUE
+        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP');
+    SELECT t."id", t."state" INTO ended FROM {table} t WHERE t."id" = ANY(named)
+        AND t."state"::text IN ('FAIL', 'GONE', 'STOP') ORDER BY t."id" LIMIT 1;
+    SELECT count(*) INTO open FROM {table} t WHERE t."id" = ANY(named)
+        AND t."state"::text NOT IN ('DONE', 'FAIL', 'GONE', 'STOP');
+    IF NEW."state"::text <> 'PLAN' THEN
+        RETURN NEW;
+    ELSIF ended."id" IS NOT NULL THEN
+        NEW."state" := 'GONE';
+        NEW."start" := statement_timestamp();
+        NEW."stop" := statement_timestamp();
+        NEW."error" := format('dependency %s ended %s', ended."id", ended."state");
+    ELSIF open > 0 THEN
+        NEW."state" := 'WAIT';
+        NEW."wait" := open;
+    END IF;
+    RETURN NEW;
+END
+$body$
+
+-- wait_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()

@@ -39,7 +39,7 @@ def test_ten_concurrent_inserters_capacity_five(db):
     assert db.value("""SELECT count(*) FROM task WHERE "group" = 'mail'""") == 5
     msg = refused[0]
     assert str(msg).startswith('group "mail" is full: capacity 5')
-    assert "5 task(s) of group 'mail' are queued or running" in msg.diag.message_detail
+    assert "5 task(s) of group 'mail' are queued, waiting or running" in msg.diag.message_detail
 
 
 def test_capacity_counts_queued_and_running_rows_only(db):

@@ -13,10 +13,10 @@ from support import provision_again, race
 from test_retention import NOW, finish, run
 from test_schedules import T0, materialise, sched
 
-from pgtask import provision
+from pgtask import names
 from pgtask.maintenance import Retention
 
-ROLE = provision.author_role("task")
+ROLE = names.author_role("task")
 
 
 def author(db, name: str, role: str = ROLE) -> str:
@@ -49,10 +49,10 @@ def test_provisioning_creates_the_authors_role(db):
 def test_hostile_names(db, schema, table):
     """The role is named after the table, whatever its characters; an author uses it there."""
     provision_again(db, schema, table)
-    role = provision.author_role(table)
+    role = names.author_role(table)
     assert len(role.encode()) <= 63 and db.value("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)) == 1
     name = author(db, "authors_carol", role)
-    ident = lambda suffix: sql.Identifier(schema, provision.function_name(table, suffix))
+    ident = lambda suffix: sql.Identifier(schema, names.function_name(table, suffix))
     with db.connect(user=name) as conn:
         assert conn.execute(sql.SQL("SELECT created FROM {}('SELECT 1', 'k')").format(ident("enqueue"))).fetchone() \
             == (True,)

@@ -18,7 +18,7 @@ from support import Service, free_port, wait_for
 from pgtask.cluster import Cluster
 from pgtask.config import ConfigError, from_dict
 from pgtask.metrics import OTHER_GROUPS, fold_groups
-from pgtask.provision import liveness_table
+from pgtask.names import liveness_table
 
 
 def metrics_config(port: int, extra: str = "", reset_check: float = 0.5) -> str:

@@ -57,3 +57,18 @@ def test_config_names_the_server_and_what_empty_means(db, cluster):
     server = next(line for line in result.stdout.splitlines() if line.startswith("# server:"))
     assert f"host={cluster.socket_dir}" in server and f"dbname={db.name}" in server and "environment" in server
     assert 'pgtask.retention = ""    # default; finished tasks are kept for ever' in result.stdout
+
+
+def test_status_shows_paused_and_rate_limited_groups(db, cluster, service):
+    """A paused group's overdue tasks wait by design: the verdict stays OK, and the flow table says why."""
+    db.execute("""INSERT INTO task_group ("group", paused) VALUES ('held', true)""")
+    db.execute("""INSERT INTO task_group ("group", rate, burst, capacity, tokens) VALUES ('slow', 2.5, 3, 100, 3)""")
+    db.execute("""INSERT INTO task (input, "group", plan) VALUES ('SELECT 1', 'held', now() - interval '5 min')""")
+    result = cli(cluster, db, "status", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("flow control"))
+    assert lines[at].endswith("1 paused group, 1 rate-limited group"), result.stdout
+    assert lines[at + 1].split() == ["group", "paused", "rate", "burst", "tokens", "capacity", "due", "waiting"]
+    assert lines[at + 2].split() == ["held", "PAUSED", "1", "0"], result.stdout
+    assert lines[at + 3].split() == ["slow", "2.50/s", "3", "3.0", "100", "0", "0"], result.stdout

@@ -6,7 +6,7 @@ from support import provision_again
 
 COLUMNS = ["id", "parent", "plan", "start", "stop", "active", "live", "repeat", "timeout", "count", "max",
            "pid", "state", "delete", "drift", "header", "save", "string", "delimiter", "escape", "quote",
-           "data", "error", "group", "input", "null", "output", "remote", "user", "attempt", "lease"]
+           "data", "error", "group", "input", "null", "output", "remote", "user", "attempt", "lease", "after", "wait", "waited"]
 
 
 def test_every_column_and_label(db):
@@ -14,7 +14,18 @@ def test_every_column_and_label(db):
                                      "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")]
     assert cols == COLUMNS
     labels = [r[0] for r in db.execute("SELECT unnest(enum_range(NULL::state))::text")]
-    assert labels == ["PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP"]
+    assert labels == ["PLAN", "GONE", "TAKE", "WORK", "DONE", "FAIL", "STOP", "WAIT"]
+
+
+def test_a_table_of_an_earlier_version_gets_dependencies(db):
+    """A table whose state type lacks WAIT: provisioning adds the label, the columns, indexes and
+    triggers in one transaction (nothing it creates reads the new label then), and tasks wait."""
+    db.execute("""CREATE SCHEMA old; CREATE TYPE old.state AS ENUM ('PLAN', 'GONE', 'TAKE', 'WORK', 'DONE', 'FAIL', 'STOP')""")
+    actions = provision_again(db, "old", "task").actions
+    assert "added label WAIT to old.state" in actions, actions
+    a = db.value("INSERT INTO old.task (input) VALUES ('SELECT 1') RETURNING id")
+    b = db.value("INSERT INTO old.task (input, after) VALUES ('SELECT 1', ARRAY[%s]) RETURNING id", (a,))
+    assert db.value("SELECT state::text FROM old.task WHERE id = %s", (b,)) == "WAIT"
 
 
 def test_defaults_are_the_manuals(db):

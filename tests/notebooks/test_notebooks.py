@@ -69,6 +69,12 @@ def test_depend_on_parent(db, service, run_notebook):
     for parent_state, depend, state, ran in rows:
         runs = depend == "always" or (depend == "success") == (parent_state == "DONE")
         assert (state, ran) == (("DONE", True) if runs else ("STOP", False)), (parent_state, depend, state)
+    # the graph of tasks (after): a diamond and a fan-in, the third shard failing
+    dag = db.execute("""SELECT split_part(input, '''', 2), state::text, error FROM task
+                        WHERE data = 'notebook demo: dag' ORDER BY id""")
+    states = {label: state for label, state, _ in dag}
+    assert len(dag) == 10 and states.pop("shard_3") == "FAIL" and states.pop("report") == "GONE", dag
+    assert set(states.values()) == {"DONE"}, dag
 
 
 def test_cron_schedule(db, service, run_notebook):
@@ -171,6 +177,7 @@ def test_queue_inspection(db, service, run_notebook, tmp_path):
     ids += [db.insert("SELECT 1/0", group="imports"), db.insert("SELECT * FROM missing_table", group="imports")]
     slow = db.insert("SELECT pg_sleep(30)", group="slow")
     db.execute("INSERT INTO task (plan, input) VALUES (now() + '1 hour', 'SELECT 1')")
+    db.execute("""INSERT INTO task_group ("group", paused) VALUES ('held', true)""")
     for i in ids:
         db.wait_state(i)
     db.wait_state(slow, ("WORK",))
@@ -184,6 +191,7 @@ def test_queue_inspection(db, service, run_notebook, tmp_path):
     assert "2 did not succeed; 1 stuck, 0 of them orphaned" in text, text
     assert "division by zero" in text and "relation \"missing_table\" does not exist" in text
     assert "SELECT 1/0" in text  # a sample input beside its error
+    assert "1 paused, 0 rate-limited of 1 groups under flow control" in text and "PAUSED" in text, text
     assert png.stat().st_size > 10_000
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
