@@ -5,8 +5,8 @@ The hosts share one network namespace made for this module (nothing but its loop
 its own 127.0.39.x, so they reach one another and nothing else. The test process joins it in a few
 threads of its own (setns(2)) to query the cluster.
 
-In order: the rollout (a leader, its synchronous standby, both schedulers claiming), then faults under
-a steady load -- ≥ 2,000 tasks over 20 groups, each writing its id to a ledger in its own transaction:
+In order: the rollout (a leader, its synchronous standby, both schedulers claiming), then a rolling
+upgrade of the schedulers (one host at a time, drained) and faults under a steady load -- ≥ 2,000 tasks over 20 groups, each writing its id to a ledger in its own transaction:
 etcd lost on the leader's host (nothing changes), a scheduler host powered off (the other resets its
 rows and runs them), a planned switchover, and last the leader's host powered off (Patroni promotes
 the synchronous standby; the etcd member on that host goes with it). Each prints the time until tasks
