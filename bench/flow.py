@@ -28,7 +28,7 @@ import time
 import psycopg
 
 from bench.run import Bench
-from pgtask.scheduler import PLANNER_SETTINGS, numbered, render_query
+from pgtask.queries import PLANNER_SETTINGS, numbered, render_query
 
 CLAIM_PARAMS = ("token", "limit", "offer_pid", "offer_id")
 

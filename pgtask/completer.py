@@ -76,6 +76,7 @@ class Completer:
         self.cohort: set[int] = set()
         self.cohort_check: asyncio.TimerHandle | None = None
         self.refused_writes: set[asyncio.Task] = set()  # see _write_refused
+        self.writes_failing = False  # a write failed and none went through since: see write
 
     # -- what a runner asks for ----------------------------------------------------------------
     def start_work(self, task: Task, pid: int) -> asyncio.Future:
@@ -140,12 +141,21 @@ class Completer:
             try:
                 async with self.writers.connection() as conn:
                     cur = await conn.execute(self.queries.text(name), params)
-                    return await cur.fetchone() if fetch else None
+                    row = await cur.fetchone() if fetch else None
+                if self.writes_failing:
+                    self.writes_failing = False
+                    log.info("%s: writes go through again", self.label)
+                return row
             except psycopg.OperationalError as exc:
                 if self.life.stopping and not self.life.draining:
                     raise
                 delay = backoff.next()
-                log.warning("%s: write failed (%s); retrying in %.1fs", name, exc, delay)
+                # One warning per outage: during a failover every task whose session was lost waits
+                # here, each retrying on its own; the rest of their retries are logged at debug.
+                level = logging.DEBUG if self.writes_failing else logging.WARNING
+                self.writes_failing = True
+                log.log(level, "%s: write failed (%s); retrying in %.1fs%s", name, exc, delay,
+                        "" if level == logging.DEBUG else " (until writes go through again, further failures at debug)")
                 await asyncio.sleep(delay)
 
     # -- the claim pass's seam -----------------------------------------------------------------

@@ -255,6 +255,7 @@ class Maintenance:
         self.keys = KeyExpiry(schema, table, options.key_batch)
         self.poked = asyncio.Event()
         self.conn: psycopg.AsyncConnection | None = None
+        self.unreachable = False  # a pass failed for want of a connection, none passed since
 
     def poke(self) -> None:
         """A schedule changed: run the materialiser now."""
@@ -271,12 +272,21 @@ class Maintenance:
             done = await fn(conn)
             if done:
                 log.debug("%s: %s: %s", self.label, name, done)
+            if self.unreachable:
+                self.unreachable = False
+                log.info("%s: maintenance reaches the server again", self.label)
             return done
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed pass leaves its rows for the next one
-            log.warning("%s: %s pass failed (%s); rows stay for the next pass", self.label, name,
-                        str(exc).strip() or type(exc).__name__)
+            # The server out of reach (a failover): the passes fail every second until it is back,
+            # one warning says so; any other failure is a warning each time.
+            lost = isinstance(exc, psycopg.OperationalError)
+            level = logging.DEBUG if lost and self.unreachable else logging.WARNING
+            log.log(level, "%s: %s pass failed (%s); rows stay for the next pass%s", self.label, name,
+                    str(exc).strip() or type(exc).__name__,
+                    " (until the server is back, further failures at debug)" if lost and level == logging.WARNING else "")
+            self.unreachable = self.unreachable or lost
             if isinstance(exc, psycopg.OperationalError) and self.conn is not None:
                 await self.conn.close()
                 self.conn = None

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import config as cfgmod
 from . import notify, provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
-from .connect import without_timeouts
+from .connect import Backoff, without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
@@ -63,10 +63,21 @@ def embedded_cluster(cfg: Config) -> Cluster:
     return Cluster(base=base, bindir=find_bindir("auto"), port=cfg.svc("embedded_port"))
 
 
+def writable(conninfo: str) -> str:
+    """``conninfo`` connecting only to a server that accepts writes (target_session_attrs=read-write),
+    unless it or libpq's environment chooses: a standby (a replica behind a proxy, a host of a list)
+    is refused at connect, so nothing claims or LISTENs there and the reconnects back off until a
+    primary answers; of several hosts, libpq takes the one that is primary now."""
+    params = conninfo_to_dict(conninfo) if conninfo else {}
+    if "target_session_attrs" in params or "PGTARGETSESSIONATTRS" in os.environ:
+        return conninfo
+    return make_conninfo(conninfo, target_session_attrs="read-write")
+
+
 def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
     """The service's connection: the dsn, libpq's environment, or the embedded cluster."""
     if cfg.server_configured:
-        return cfg.dsn, None
+        return writable(cfg.dsn), None
     cluster = embedded_cluster(cfg)
     if not cluster.initialized():
         log.info("no server configured: creating the embedded cluster in %s", cluster.base)
@@ -494,7 +505,7 @@ class Supervisor:
             self.workers = Workers(self.config_path, self.conninfo,
                                    self.monitoring.process_gone if self.monitoring is not None else None)
         self.restart_after, self.conf_restart = 60.0, 60.0
-        backoff_delay = 0.1
+        backoff = Backoff()
         while True:
             try:
                 await self.apply()
@@ -502,14 +513,15 @@ class Supervisor:
             except cfgmod.ConfigError:
                 raise
             except psycopg.OperationalError as exc:
-                log.warning("cannot reach the server (%s); retrying in %.1fs", str(exc).strip(), backoff_delay)
+                delay = backoff.next()
+                log.warning("cannot reach the server (%s); retrying in %.1fs", str(exc).strip(), delay)
                 # started all the same: it answers signals and waits for the server (no start timeout)
                 notifier.ready("waiting for the server")
                 try:
-                    await asyncio.wait_for(self.stop_event.wait(), backoff_delay)
+                    await asyncio.wait_for(self.stop_event.wait(), delay)
                     return 0
                 except TimeoutError:
-                    backoff_delay = min(backoff_delay * 2, 3.0)
+                    pass
         log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
                  f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
                  f", {self.workers.count} processes" if self.workers.count > 1 else "")

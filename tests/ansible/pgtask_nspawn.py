@@ -31,15 +31,23 @@ PACKAGES = [
 ]
 # Bump when the recipe below changes in a way the package list does not show.
 RECIPE_VERSION = "1"
-RECIPE_HASH = hashlib.sha256(
-    f"{SUITE}|{','.join(PACKAGES)}|{RECIPE_VERSION}".encode()).hexdigest()[:12]
+# What the HA hosts add (tests/ansible/test_ha.py): Patroni with its etcd client, etcd itself.
+HA_PACKAGES = ["patroni", "python3-etcd", "etcd-server", "etcd-client"]
+
+
+def recipe_hash(extra: tuple[str, ...] = ()) -> str:
+    return hashlib.sha256(f"{SUITE}|{','.join(PACKAGES + list(extra))}|{RECIPE_VERSION}".encode()).hexdigest()[:12]
+
+
+RECIPE_HASH = recipe_hash()
 CACHE_ROOT = Path(os.environ.get("PGTASK_TEST_CACHE", "/var/cache/pgtask-test"))
 HOSTNAME = "pgtask-e2e"
 
 
-def rootfs_path() -> Path:
+def rootfs_path(extra: tuple[str, ...] = ()) -> Path:
+    """The cached tree; ``extra`` packages make a tree of their own (``bookworm-<hash>``)."""
     env = os.environ.get("PGTASK_TEST_ROOTFS")
-    return Path(env) if env else CACHE_ROOT / f"{SUITE}-{RECIPE_HASH}"
+    return Path(env) if env and not extra else CACHE_ROOT / f"{SUITE}-{recipe_hash(extra)}"
 
 
 def ssh_key_path() -> Path:
@@ -89,9 +97,11 @@ def _apt_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def build_rootfs(log=print) -> Path:
-    """Build the cached bookworm tree once (≈2.5 min); later calls return at once."""
-    root = rootfs_path()
+def build_rootfs(log=print, extra: tuple[str, ...] = ()) -> Path:
+    """Build the cached bookworm tree (with the ``extra`` packages) once (≈2.5 min); later calls
+    return at once."""
+    root = rootfs_path(extra)
+    recipe = recipe_hash(extra)
     if (root / ".pgtask-rootfs-ok").exists():
         return root
     CACHE_ROOT.mkdir(parents=True, exist_ok=True)
@@ -105,7 +115,7 @@ def build_rootfs(log=print) -> Path:
         shutil.rmtree(tmp)
     mirror = _apt_mirror()
     log(f"debootstrap {SUITE} into {tmp} from {mirror} (once; ≈2.5 min)")
-    subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+    subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES + list(extra))}",
                     SUITE, str(tmp), mirror], check=True, stdout=subprocess.DEVNULL)
     # minbase has no /etc/hosts: PostgreSQL then fails to resolve "localhost".
     (tmp / "etc/hostname").write_text(HOSTNAME + "\n")
@@ -124,11 +134,12 @@ def build_rootfs(log=print) -> Path:
             link.unlink()
         link.symlink_to("/dev/null")
     subprocess.run(["chroot", str(tmp), "apt-get", "clean"], check=True)
-    (tmp / ".pgtask-rootfs-ok").write_text(RECIPE_HASH + "\n")
+    (tmp / ".pgtask-rootfs-ok").write_text(recipe + "\n")
     tmp.rename(root)
     if not os.environ.get("PGTASK_TEST_ROOTFS"):  # older recipes' trees are of no further use
+        current = {rootfs_path(), rootfs_path(tuple(HA_PACKAGES))}
         for old in CACHE_ROOT.glob(f"{SUITE}-*"):
-            if old != root and not old.name.endswith(".tmp") and old.is_dir():
+            if old not in current and not old.name.endswith(".tmp") and old.is_dir():
                 _umount_below(old)
                 shutil.rmtree(old, ignore_errors=True)
     return root
@@ -151,10 +162,13 @@ def _cgroup_dirs(name: str) -> list[Path]:
 class Container:
     """One booted container; use as a context manager (teardown is reliable even on errors)."""
 
-    def __init__(self, root: Path, name: str, private_network: bool = True):
+    def __init__(self, root: Path, name: str, private_network: bool = True, netns: str | None = None):
+        """``netns``: a network namespace (a path such as /run/netns/NAME) the container joins
+        instead: containers joining the same one reach each other's services on its loopback."""
         self.root = root
         self.name = name
         self.private_network = private_network
+        self.netns = netns
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None  # the container's PID 1 (systemd) in the host's namespace
         self.log_path = CACHE_ROOT / f"{name}.console.log"
@@ -164,7 +178,9 @@ class Container:
         cg = " ".join(str(d) for d in _cgroup_dirs(self.name))
         args = ["systemd-nspawn", "-q", "-D", str(self.root), "-M", self.name, "--boot",
                 "--register=no", "--keep-unit", "--console=passive", "--volatile=overlay"]
-        if self.private_network:
+        if self.netns:
+            args.append(f"--network-namespace-path={self.netns}")
+        elif self.private_network:
             args.append("--private-network")
         # nspawn with --keep-unit makes its cgroups next to its own: give it one of its own first.
         script = (f'for d in {cg}; do mkdir -p "$d" && echo $$ > "$d/cgroup.procs"; done; '
@@ -230,6 +246,14 @@ class Container:
                     pass
         shutil.rmtree(f"/run/systemd/nspawn/propagate/{self.name}", ignore_errors=True)
 
+    def power_off(self, timeout: float = 30.0) -> None:
+        """Pull the plug: SIGKILL to the container's PID 1 ends every process in it at once (no
+        shutdown: its services close nothing and tell nobody)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout)
+
     def __enter__(self) -> Container:  # noqa: PYI034
         try:
             return self.start()
@@ -272,3 +296,4 @@ if __name__ == "__main__":
         sys.exit(reason)
     t0 = time.monotonic()
     print(build_rootfs(), f"{time.monotonic() - t0:.0f}s")
+    print(build_rootfs(extra=tuple(HA_PACKAGES)), f"{time.monotonic() - t0:.0f}s")

@@ -18,7 +18,7 @@ from pgtask_playbook import REPO, Run, run_tool
 ROLE = REPO / "roles" / "pgtask"
 
 
-@pytest.mark.parametrize("inventory", ["local", "example"])
+@pytest.mark.parametrize("inventory", ["local", "example", "ha"])
 def test_syntax_check(inventory):
     res = run_tool("ansible-playbook", "-i", str(REPO / "inventories" / inventory),
                    str(REPO / "playbook.yml"), "--syntax-check")
@@ -26,11 +26,11 @@ def test_syntax_check(inventory):
 
 
 def test_inventories_list_the_groups():
-    for inventory, schedulers in (("local", 1), ("example", 2)):
+    for inventory, dbs, schedulers in (("local", 1, 1), ("example", 1, 2), ("ha", 3, 2)):
         res = run_tool("ansible-inventory", "-i", str(REPO / "inventories" / inventory), "--list")
         assert res.returncode == 0, res.stderr
         groups = yaml.safe_load(res.stdout)
-        assert len(groups["pgtask_db"]["hosts"]) == 1
+        assert len(groups["pgtask_db"]["hosts"]) == dbs
         assert len(groups["pgtask_scheduler"]["hosts"]) == schedulers
 
 
@@ -69,8 +69,9 @@ def test_pinned_version_is_the_repository_version():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     assert defaults["pgtask_version"] == version
-    example = yaml.safe_load((REPO / "inventories/example/group_vars/all/main.yml").read_text())
-    assert example["pgtask_version"] == version
+    for inventory in ("example", "ha"):
+        pinned = yaml.safe_load((REPO / f"inventories/{inventory}/group_vars/all/main.yml").read_text())
+        assert pinned["pgtask_version"] == version, inventory
 
 
 def test_unit_template_is_managed_and_hardened():
