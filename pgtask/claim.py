@@ -47,6 +47,9 @@ class Claimer:
         self.adopt_table = adopt_table  # the table was created again (see "same_table")
         # this scheduler's token: the beginning of the lease of every row it claims (see "lease")
         self.token = str(uuid.uuid4())[:18]
+        # (id, attempt, lease) of rows under this token that no task of this instance ran at the
+        # last orphan check (see reset_own)
+        self.lost_rows: set[tuple[int, int, str]] = set()
         self.control: psycopg.AsyncConnection | None = None
         self.control_lock = asyncio.Lock()  # one transaction at a time on the control connection
         self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started (ANALYZE)
@@ -348,6 +351,28 @@ class Claimer:
                 log.warning("%s: stopped id = %s ended (its executor is gone)", self.label, row["id"])
             else:
                 log.warning("%s: reset id = %s (its executor is gone)", self.label, row["id"])
+        await self.reset_own()
+
+    async def reset_own(self) -> None:
+        """Rows this instance's claims hold that it does not run -- a claim or a write whose answer
+        was lost with its connection (a failover) -- are alive while it is connected: no other
+        instance's orphan check resets them. Seen at two checks in a row under the same claim, they
+        are reset here (the second look is what keeps a claim whose task is being dispatched right
+        now from counting)."""
+        async with self.control_lock:
+            held = await self.queries.own(self.control, self.token)
+        running = {(task.id, task.attempt, str(task.lease)) for task, _ in list(self.inflight.values())}
+        lost = held - running
+        again, self.lost_rows = lost & self.lost_rows, lost
+        if not again:
+            return
+        async with self.control_lock:
+            rows = await self.queries.reset_own(self.control, again)
+        self.lost_rows -= again
+        self.metrics.orphans_reset(len(rows))
+        for row in rows:
+            log.warning("%s: %s id = %s (claimed here, its task is no longer run here)", self.label,
+                        "stopped" if row["state"] == "STOP" else "reset", row["id"])
 
     async def close(self, unregister: bool = False) -> None:
         """``unregister``: the service stops; the rows it claimed are no longer alive (any left are

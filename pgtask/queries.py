@@ -188,6 +188,18 @@ class Queries:
         cur = await conn.execute(self.text("reset"), {"oid": self.oid})
         return await cur.fetchall()
 
+    async def own(self, conn: psycopg.AsyncConnection, token: str) -> set[tuple[int, int, str]]:
+        """The (id, attempt, lease) of the rows holding a slot under the claims of ``token`` (see "own")."""
+        cur = await conn.execute(self.text("own"), {"token": token, "oid": self.oid})
+        return {(r["id"], r["attempt"], r["lease"]) for r in await cur.fetchall()}
+
+    async def reset_own(self, conn: psycopg.AsyncConnection, rows: set[tuple[int, int, str]]) -> list:
+        """Rows (id, attempt, lease) of this instance's claims it does not run, reset (see "reset_own")."""
+        ids, attempts, leases = zip(*sorted(rows)) if rows else ((), (), ())
+        cur = await conn.execute(self.text("reset_own"), {"id": list(ids), "attempt": list(attempts),
+                                                          "lease": list(leases)})
+        return await cur.fetchall()
+
     async def read_input(self, conn: psycopg.AsyncConnection, fence: dict) -> str | None:
         """A claimed task's input (see "input"); None once its lease is lost."""
         cur = await conn.execute(self.text("input"), fence)

@@ -305,11 +305,34 @@ WITH gone AS (
     WHERE ({@table.sql:slot_held}) AND {@same_table} AND NOT {@alive}
     FOR UPDATE OF t SKIP LOCKED
 )
+{@reset_rows}
+
+-- reset_rows --
+-- (Part of reset and reset_own.) The rows s given up: a TAKE/WORK row goes back to PLAN; a STOP
+-- row stays STOP (STOP is final) and gets its stop.
 UPDATE {table} t SET "state" = CASE WHEN t."state" = 'STOP' THEN t."state" ELSE 'PLAN' END,
     "start" = CASE WHEN t."state" = 'STOP' THEN t."start" END,
     "stop" = CASE WHEN t."state" = 'STOP' THEN statement_timestamp() END,
     "pid" = CASE WHEN t."state" = 'STOP' THEN t."pid" END
 FROM s WHERE t."id" = s."id" RETURNING t."id", t."state"
+
+-- own --
+-- The rows holding their group's slot under this instance's claims (their lease begins with its
+-- token): (id, attempt, lease). Those it does not run are lost to it (see claim.Claimer.reset_own).
+SELECT t."id", t."attempt", t."lease"::text AS "lease" FROM {table} t
+WHERE ({@table.sql:slot_held}) AND left(t."lease"::text, 18) = %(token)s AND {@same_table}
+
+-- reset_own --
+-- Rows of this instance's claims it does not run, each still under the claim it was seen with:
+-- alive while this instance is connected, no other instance's orphan check would reset them.
+WITH s AS (
+    SELECT t."id" FROM {table} t
+    JOIN unnest(%(id)s::bigint[], %(attempt)s::int4[], %(lease)s::uuid[]) AS x("id", "attempt", "lease")
+      ON t."id" = x."id" AND t."attempt" = x."attempt" AND t."lease" = x."lease"
+    WHERE ({@table.sql:slot_held})
+    FOR UPDATE OF t SKIP LOCKED
+)
+{@reset_rows}
 
 -- same_table --
 -- (Part of claim, claim_next and reset.) The table the service knows (its oid) is the one of this

@@ -369,6 +369,29 @@ def test_orphans_of_a_killed_service_run_again(db, service_factory):
     assert db.value("SELECT count(*) FROM ran") == 1
 
 
+@pytest.mark.parametrize("state", ["TAKE", "WORK", "STOP"])
+def test_a_row_claimed_under_a_live_service_that_does_not_run_it_is_reset(db, service_factory, state):
+    """A row holding its group's slot under the claim of a connected service that runs no task of it
+    (the answer of its claim or of a write lost with a failover) is reset by that service's own
+    orphan check -- a TAKE/WORK row runs, a STOP row gets its stop -- and a row it runs is left alone."""
+    service_factory(db.name, "[pgtask]\nreset_check = 0.3\n")
+    running = db.insert("SELECT pg_sleep(8)")
+    db.wait_state(running, states=("WORK",))
+    token = db.value("SELECT token FROM task_instance")
+    task_id = db.insert("SELECT 'ran'", plan="infinity", group="other")
+    db.execute("""UPDATE task SET state = %s, lease = (%s || substr(gen_random_uuid()::text, 19))::uuid,
+                      attempt = 1, start = now(), pid = 0, plan = now() WHERE id = %s""", (state, token, task_id))
+    if state == "STOP":
+        row = wait_for(lambda: (r := db.task(task_id))["stop"] is not None and r, 10, message="its stop")
+        assert row["state"] == "STOP"
+    else:
+        row = wait_for(lambda: (r := db.task(task_id))["state"] == "DONE" and r, 10, message="the reset row run")
+        assert row["output"] == "ran"
+    assert db.task(running)["state"] == "WORK"  # the task it runs is no orphan of its own
+    row = db.wait_state(running, timeout=20)
+    assert row["state"] == "DONE" and row["attempt"] == 1
+
+
 def test_sigterm_drains(db, service_factory):
     svc = service_factory(db.name)
     task_id = db.insert("SELECT pg_sleep(1)")
