@@ -326,14 +326,10 @@ def test_a_failover_under_load_logs_a_bounded_number_of_warnings(tmp_path, clust
                 assert 1 <= len(write_failed) <= 3, "\n".join(write_failed)
                 assert any("writes go through again" in line for line in lines)
                 assert sum("pass failed" in line for line in warnings) <= 4, "\n".join(warnings)
-                try:
-                    wait_for(lambda: conn.execute("SELECT count(*) FROM task WHERE state <> 'DONE'").fetchone()[0] == 0,
-                             30, message="every task done on the promoted standby")
-                except AssertionError:
-                    left = conn.execute("SELECT id, state FROM task WHERE state <> 'DONE'").fetchall()
-                    # Seen in about one run in four under load: rows left WORK under the lease of
-                    # this live instance, which runs none of them, so no orphan check resets them.
-                    pytest.xfail(f"known: rows stay WORK under a live instance after a failover: {left}")
+                # rows whose claim or start answer was lost with the old primary are this live
+                # instance's to reset (claim.Claimer.reset_own): none is left TAKE/WORK
+                wait_for(lambda: conn.execute("SELECT count(*) FROM task WHERE state <> 'DONE'").fetchone()[0] == 0,
+                         30, message="every task done on the promoted standby")
         finally:
             if svc.proc is not None and svc.proc.poll() is None:
                 svc.kill()
