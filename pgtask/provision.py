@@ -173,6 +173,7 @@ class TableProvisioner:
         await self.indexes()
         await self.triggers(oid)
         await self.extras(oid)
+        await self.extra_grants()
         await self.register_service()
         await self.liveness()
         return oid
@@ -303,6 +304,32 @@ class TableProvisioner:
             await c.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
                 sql.SQL(row[3]), sql.Identifier(self.owner)))
             self.report.add(f"granted the id sequence of {self.name} to {self.owner}")
+
+    async def extra_grants(self) -> None:
+        """The tables beside the task table, for the entry's role when another role owns them: the
+        claim reads and writes the group table, maintenance the schedule, occurrence and key tables
+        (the service table is the triggers', granted with it)."""
+        if not self.owner:
+            return
+        c = self.conn
+        for kind in EXTRA_TABLES:
+            if kind == "service":
+                continue
+            ident = sql.Identifier(self.schema, ident_name(f"{self.table}_{EXTRA_TABLES[kind]}"))
+            rel = ident.as_string(c)
+            if not (await _one(c, "SELECT has_table_privilege(%s, %s, 'SELECT, INSERT, UPDATE, DELETE')",
+                               (self.owner, rel)))[0]:
+                await c.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                    ident, sql.Identifier(self.owner)))
+                self.report.add(f"granted {rel} to {self.owner}")
+            cur = await c.execute("""SELECT s.oid, s.oid::regclass::text FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
+                WHERE d.refobjid = %s::regclass AND d.classid = 'pg_class'::regclass AND s.relkind = 'S'""", (rel,))
+            for seq_oid, seq in await cur.fetchall():
+                if (await _one(c, "SELECT has_sequence_privilege(%s, %s::oid, 'USAGE')", (self.owner, seq_oid)))[0]:
+                    continue
+                # the server's name of it, quoted already
+                await c.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.SQL(seq), sql.Identifier(self.owner)))
+                self.report.add(f"granted the sequence {seq} to {self.owner}")
 
     def name_literal(self) -> str:
         return sql.Identifier(self.schema, self.table).as_string(None)
