@@ -311,25 +311,13 @@ class TableProvisioner:
         (the service table is the triggers', granted with it)."""
         if not self.owner:
             return
-        c = self.conn
-        for kind in EXTRA_TABLES:
-            if kind == "service":
-                continue
-            ident = sql.Identifier(self.schema, ident_name(f"{self.table}_{EXTRA_TABLES[kind]}"))
-            rel = ident.as_string(c)
-            if not (await _one(c, "SELECT has_table_privilege(%s, %s, 'SELECT, INSERT, UPDATE, DELETE')",
-                               (self.owner, rel)))[0]:
-                await c.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                    ident, sql.Identifier(self.owner)))
-                self.report.add(f"granted {rel} to {self.owner}")
-            cur = await c.execute("""SELECT s.oid, s.oid::regclass::text FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
-                WHERE d.refobjid = %s::regclass AND d.classid = 'pg_class'::regclass AND s.relkind = 'S'""", (rel,))
-            for seq_oid, seq in await cur.fetchall():
-                if (await _one(c, "SELECT has_sequence_privilege(%s, %s::oid, 'USAGE')", (self.owner, seq_oid)))[0]:
-                    continue
-                # the server's name of it, quoted already
-                await c.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.SQL(seq), sql.Identifier(self.owner)))
-                self.report.add(f"granted the sequence {seq} to {self.owner}")
+        dml = ("SELECT", "INSERT", "UPDATE", "DELETE")
+        for kind, suffix in EXTRA_TABLES.items():
+            if kind != "service":
+                await self.grant_missing(self.owner, "TABLE", sql.Identifier(
+                    self.schema, ident_name(f"{self.table}_{suffix}")), dml)
+        await self.grant_missing(self.owner, "SEQUENCE", sql.Identifier(
+            self.schema, ident_name(f"{self.table}_{EXTRA_TABLES['schedule']}")), ("USAGE",))
 
     def name_literal(self) -> str:
         return sql.Identifier(self.schema, self.table).as_string(None)
@@ -536,21 +524,27 @@ class TableProvisioner:
         for kind, name, privileges in AUTHOR_PRIVILEGES:
             ident = sql.Identifier(self.schema, function_name(self.table, name)) if kind == "FUNCTION" \
                 else ids[name]
-            oid, target = await _one(c, sql.SQL("SELECT x::oid, x::text FROM (SELECT {} AS x) t").format(
-                sql.SQL(AUTHOR_TARGETS[kind])), (ident.as_string(c),))
-            held = sql.SQL("SELECT coalesce(array_agg(p), '{{}}') FROM unnest(%s::text[]) p WHERE {}(%s, %s, p)").format(
-                sql.Identifier(f"has_{kind.lower()}_privilege"))
-            have = set((await _one(c, held, (list(privileges), role, oid)))[0])
-            missing = [p for p in privileges if p not in have]
-            if not missing:
-                continue
-            await c.execute(sql.SQL("GRANT {} ON {} {} TO {}").format(
-                sql.SQL(", ").join(map(sql.SQL, missing)), sql.SQL(kind), sql.SQL(target), sql.Identifier(role)))
-            # a role that may not grant them gets a warning from the server, not an error
-            now = set((await _one(c, held, (missing, role, oid)))[0])
-            if now:
-                self.report.add(f"granted {', '.join(p for p in missing if p in now)} on {kind.lower()} "
-                                f"{target} to {role}")
+            await self.grant_missing(role, kind, ident, privileges)
+
+    async def grant_missing(self, role: str, kind: str, ident: sql.Composable, privileges: tuple[str, ...]) -> None:
+        """Grant ``role`` what it lacks of ``privileges`` on the object ``ident`` of ``kind`` (a key
+        of AUTHOR_TARGETS: a SEQUENCE is the id sequence of the table ``ident``)."""
+        c = self.conn
+        oid, target = await _one(c, sql.SQL("SELECT x::oid, x::text FROM (SELECT {} AS x) t").format(
+            sql.SQL(AUTHOR_TARGETS[kind])), (ident.as_string(c),))
+        held = sql.SQL("SELECT coalesce(array_agg(p), '{{}}') FROM unnest(%s::text[]) p WHERE {}(%s, %s, p)").format(
+            sql.Identifier(f"has_{kind.lower()}_privilege"))
+        have = set((await _one(c, held, (list(privileges), role, oid)))[0])
+        missing = [p for p in privileges if p not in have]
+        if not missing:
+            return
+        await c.execute(sql.SQL("GRANT {} ON {} {} TO {}").format(
+            sql.SQL(", ").join(map(sql.SQL, missing)), sql.SQL(kind), sql.SQL(target), sql.Identifier(role)))
+        # a role that may not grant them gets a warning from the server, not an error
+        now = set((await _one(c, held, (missing, role, oid)))[0])
+        if now:
+            self.report.add(f"granted {', '.join(p for p in missing if p in now)} on {kind.lower()} "
+                            f"{target} to {role}")
 
     async def _relation(self, name: str) -> tuple | None:
         return await _one(self.conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
