@@ -28,9 +28,9 @@ import time
 import psycopg
 
 from bench.run import Bench
-from pgtask.queries import PLANNER_SETTINGS, numbered, render_query
+from pgtask.queries import PASS_STATEMENTS, PLANNER_SETTINGS, numbered, render_query
 
-CLAIM_PARAMS = ("token", "limit", "offer_pid", "offer_id")
+CLAIM_PARAMS = dict(PASS_STATEMENTS)["claim"]
 
 
 def due_groups(conn: psycopg.Connection, groups: int = 16, per_group: int = 2000) -> None:
@@ -45,7 +45,7 @@ def claim_ms(conn: psycopg.Connection, reps: int) -> list[float]:
     for _ in range(reps):
         conn.execute("BEGIN")
         t0 = time.perf_counter()
-        conn.execute("EXECUTE flow_claim('00000000-0000-4000', 16, '{}', '{}')")
+        conn.execute("EXECUTE flow_claim('00000000-0000-4000', 'task'::regclass, 16, '{}', '{}')")
         times.append((time.perf_counter() - t0) * 1000)
         conn.execute("ROLLBACK")
     return times

@@ -52,14 +52,14 @@ def fill(conn: psycopg.Connection, finished: int, queued: int, groups: int) -> N
                       CASE WHEN i %% 50 = 0 THEN 'FAIL' ELSE 'DONE' END::state, 'SELECT 1',
                       CASE WHEN i %% 50 = 0 THEN NULL ELSE '1' END,
                       CASE WHEN i %% 50 = 0 THEN 'division by zero' END
-               FROM generate_series(%(first)s, %(last)s) i""",
+               FROM generate_series(%(first)s::int8, %(last)s::int8) i""",
             {"groups": groups, "first": first + 1, "last": min(first + step, finished)})
     conn.execute(
         """INSERT INTO task ("group", plan, input)
            SELECT 'g' || (i %% %(groups)s),
                   CASE WHEN i %% 10 < 6 THEN now() - i * interval '1 ms' ELSE now() + interval '1 day' END,
                   'SELECT 1'
-           FROM generate_series(1, %(queued)s) i""", {"groups": groups, "queued": queued})
+           FROM generate_series(1, %(queued)s::int8) i""", {"groups": groups, "queued": queued})
     conn.execute("""INSERT INTO task ("group", plan, state, pid, start, input)
                     SELECT 'g' || i, now(), 'WORK', pg_backend_pid(), now(), 'SELECT pg_sleep(60)'
                     FROM generate_series(1, 16) i""")
@@ -133,12 +133,13 @@ def claims(conn: psycopg.Connection, times: int = 200) -> float:
     def q(name: str) -> str:
         return render_query(name, "public", "task")
 
+    oid = conn.execute("SELECT 'task'::regclass::oid").fetchone()[0]
     took = []
     for _ in range(times):
         t = time.perf_counter()
         with conn.transaction():
             conn.execute(q("claim_lock"))
-            conn.execute(q("claim"), {"token": "00000000-0000-0000", "limit": 16, "offer_pid": [],
+            conn.execute(q("claim"), {"token": "00000000-0000-0000", "oid": oid, "limit": 16, "offer_pid": [],
                                       "offer_id": []}).fetchall()
             conn.execute(q("next")).fetchone()
         took.append((time.perf_counter() - t) * 1000)
