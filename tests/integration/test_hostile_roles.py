@@ -91,8 +91,10 @@ def test_a_listener_that_fails_is_logged_and_started_again(db, monkeypatch, capl
     monkeypatch.setattr(listener, "parse", failing)
 
     def listeners() -> list[int]:
+        """The listener backends whose LISTEN has run and committed (a notification before it is not theirs)."""
         return [r[0] for r in db.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
-                                          "'pgtask listen%%' AND datname = current_database()")]
+                                          "'pgtask listen%%' AND datname = current_database() "
+                                          "AND query LIKE 'LISTEN %%' AND state = 'idle'")]
 
     async def during(sched: Scheduler) -> None:
         await wait_for_async(lambda: len(listeners()) == 1, message="the listener")
