@@ -374,4 +374,7 @@ END
 $body$
 
 -- wait_trigger --
-CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
+-- Called only for a row that names tasks or sets the columns it keeps (a plain insert pays no call).
+CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW
+WHEN (NEW."after" IS NOT NULL OR NEW."wait" IS NOT NULL OR NEW."waited" IS NOT NULL)
+EXECUTE FUNCTION {fn}()

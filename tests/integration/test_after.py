@@ -113,6 +113,16 @@ def test_after_and_wait_are_not_the_users(db):
     assert db.task(b)["state"] == "WAIT"
 
 
+def test_an_insert_setting_the_wait_columns_without_after_waits_for_nothing(db):
+    """"wait" and "waited" are the service's: an INSERT that sets them (naming no task) gets neither,
+    so the row neither waits nor makes its end release anything."""
+    user = author(db, "after_trudy")
+    with db.connect(user=user) as conn:
+        conn.execute("INSERT INTO task (input, wait, waited) VALUES ('SELECT 1', 3, true)")
+    row = db.task(db.value("SELECT id FROM task"))
+    assert (row["state"], row["wait"], row["waited"]) == ("PLAN", None, None)
+
+
 def test_another_roles_task_cannot_be_named(db):
     """The same error as for a task that does not exist: no role learns another's ids."""
     theirs = db.insert("SELECT 1")
