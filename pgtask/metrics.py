@@ -189,13 +189,14 @@ class Reading:
     schedule_lag: dict[str, float] = field(default_factory=dict)        # schedule -> seconds
 
 
-def fold_groups(queue: list[tuple], running: list[tuple], keep: int) -> Reading:
-    """The reading's per-group figures, the ``keep`` busiest groups (rows queued or running, then
-    by name) by name and the rest summed into OTHER_GROUPS (the oldest due: the oldest of them)."""
+def fold_groups(queue: list[tuple], held: list[tuple], keep: int) -> Reading:
+    """The reading's per-group figures (``held``: (group, state, rows) of the rows running or
+    waiting), the ``keep`` busiest groups (rows queued, running or waiting, then by name) by name
+    and the rest summed into OTHER_GROUPS (the oldest due: the oldest of them)."""
     busy: dict[str, float] = {}
     for group, planned, _, _ in queue:
         busy[group] = busy.get(group, 0) + planned
-    for group, _, count in running:
+    for group, _, count in held:
         busy[group] = busy.get(group, 0) + count
     kept = {g for g, _ in sorted(busy.items(), key=lambda item: (-item[1], item[0]))[:keep]}
 
@@ -209,7 +210,7 @@ def fold_groups(queue: list[tuple], running: list[tuple], keep: int) -> Reading:
         reading.due[g] = reading.due.get(g, 0) + due
         if oldest is not None:
             reading.oldest_due[g] = max(reading.oldest_due.get(g, 0.0), oldest)
-    for group, state, count in running:
+    for group, state, count in held:
         g = name(group)
         reading.tasks[(g, state)] = reading.tasks.get((g, state), 0) + count
     return reading
@@ -245,7 +246,7 @@ class TableStats:
             cur = await conn.execute(self.queries[name], params)
             return await cur.fetchall()
 
-        reading = fold_groups(await rows("queue"), await rows("running"), self.groups)
+        reading = fold_groups(await rows("queue"), await rows("running") + await rows("waiting"), self.groups)
         finished = await self.finished_estimate(conn)
         if sum(finished.values()) <= EXACT_FINISHED:
             finished = dict.fromkeys(FINISHED, 0) | dict(await rows("ended"))

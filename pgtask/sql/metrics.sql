@@ -14,6 +14,10 @@ GROUP BY 1
 -- running --
 SELECT "group", "state"::text, count(*) FROM {table} WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
 
+-- waiting --
+-- Rows waiting for their dependencies (WAIT), per group (the wait index: only waiting rows).
+SELECT "group", 'WAIT', count(*) FROM {table} WHERE "wait" > 0 AND "state"::text = 'WAIT' GROUP BY 1
+
 -- ended --
 SELECT "state"::text, count(*) FROM {table} WHERE "state" IN ('DONE', 'FAIL', 'GONE', 'STOP') GROUP BY 1
 

@@ -61,11 +61,14 @@ def test_the_figures_match_the_table(db, service_factory):
     waiting = db.insert("SELECT 1", group="slow")  # due, held back by the running one (max 0)
     for _ in range(5):
         db.insert("SELECT 1", group="later", plan="infinity")
+    for _ in range(2):  # waiting for the sleeping one (WAIT)
+        db.insert("SELECT 1", group="after", after=[slow])
 
     def settled() -> dict | None:
         samples = scrape(port)
         return samples if sample(samples, "pgtask_due_tasks", group="slow") == 1 and \
-            sample(samples, "pgtask_tasks", group="later", state="PLAN") == 5 else None
+            sample(samples, "pgtask_tasks", group="later", state="PLAN") == 5 and \
+            sample(samples, "pgtask_tasks", group="after", state="WAIT") == 2 else None
 
     samples = wait_for(settled, 15, message="the table's figures")
     entry = {"data": db.name, "schema": "public", "table": "task"}
