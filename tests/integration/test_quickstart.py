@@ -14,6 +14,7 @@ from support import wait_for
 from pgtask.cluster import SERVER_HOME, Cluster, find_bindir
 
 ROOT = Path(__file__).resolve().parents[2]
+NEWCOMER = "pgtask-newcomer"  # the ordinary user the quick start is tried as (made and removed by the test)
 
 QUICK_START = [
     "INSERT INTO task (input) VALUES ('SELECT now()')",
@@ -86,14 +87,25 @@ def test_group_max_concurrency(db, service, max_):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
+@pytest.mark.parametrize("newcomer", [None, NEWCOMER], ids=["as-we-are", "ordinary-user"])
+def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path, newcomer):
     """The README's quick start as a newcomer follows it: this repository's committed HEAD cloned
     under a directory only its owner may enter (like /root or a 0700 home), on a path with a space; `./run` in one shell,
     a task through its embedded cluster, and `./test` (two of this file's tests, both versions)
-    in another while `./run` goes on; the directories above the checkout keep their modes."""
+    in another while `./run` goes on; the directories above the checkout keep their modes. Run by
+    whoever runs the suite (root in CI: the servers run as the OS user postgres), and by an
+    ordinary user in a 0700 home of their own (the servers run as that user)."""
+    if newcomer is not None and (os.geteuid() != 0 or shutil.which("runuser") is None):
+        pytest.skip("making an ordinary user needs root and runuser")
     outer = Path(tempfile.mkdtemp(prefix="pgtask-quickstart-"))  # 0700
     checkout = outer / "with space" / "project"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "VIRTUAL_ENV"))}
+    as_user: list[str] = []
+    if newcomer is not None:  # the 0700 directory is their home
+        if subprocess.run(["id", "-u", newcomer], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", newcomer], check=True)
+        as_user = ["runuser", "-u", newcomer, "--"]
+        env = {**env, "HOME": str(outer), "USER": newcomer, "LOGNAME": newcomer}
     run = None
     copies = set(SERVER_HOME.glob("pginstall-*"))
     try:
@@ -101,23 +113,25 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
                               check=True).stdout.strip()
         subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(checkout)], check=True)
         subprocess.run(["git", "-C", str(checkout), "checkout", "-q", head], check=True)
+        if newcomer is not None:
+            subprocess.run(["chown", "-R", f"{newcomer}:", str(outer)], check=True)
         modes = [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)]
         assert modes[0] == "0o700"
         with open(tmp_path / "run.log", "wb") as log:
-            run = subprocess.Popen(["./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
+            run = subprocess.Popen([*as_user, "./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         wait_for(lambda: "pgtask running" in (out := (tmp_path / "run.log").read_text(errors="replace")) or
                  run.poll() is not None and pytest.fail(f"./run exited:\n{out}"), 300, message="./run")
         # what the server user could not reach was put where it can: nothing above the checkout chmod-ed
         assert [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)] == modes
-        readme_psql = ["psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
+        readme_psql = [*as_user, "psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
         task_id = subprocess.run([*readme_psql, "-c", "INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id"],
                                  capture_output=True, text=True, check=True, env=env).stdout.split()[0]
         wait_for(lambda: subprocess.run([*readme_psql, "-c", f"SELECT state FROM task WHERE id = {int(task_id)}"],
                                         capture_output=True, text=True, env=env, check=False).stdout.strip()
                  == "DONE",
                  30, message="the task in ./run's embedded cluster")
-        tests = subprocess.run(["./test", "tests/integration/test_quickstart.py", "-q", "-p", "no:cacheprovider",
+        tests = subprocess.run([*as_user, "./test", "tests/integration/test_quickstart.py", "-q", "-p", "no:cacheprovider",
                                 "-k", "quick_start_as_written or quick_start_runs"],
                                cwd=checkout, env=env, capture_output=True, text=True, timeout=400, check=False)
         assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
@@ -129,7 +143,13 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path):
         if run is not None and run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-        Cluster(checkout / ".pgtask", find_bindir("auto")).destroy()
+        if newcomer is None:
+            Cluster(checkout / ".pgtask", find_bindir("auto")).destroy()
+        else:  # their cluster runs as them: whatever of theirs is left goes
+            subprocess.run(["pkill", "-KILL", "-u", newcomer], check=False)
+            wait_for(lambda: subprocess.run(["pgrep", "-u", newcomer], capture_output=True, check=False).returncode
+                     != 0, 30, message="the newcomer's processes gone")
+            subprocess.run(["userdel", newcomer], check=False)
         shutil.rmtree(outer, ignore_errors=True)
         for made in set(SERVER_HOME.glob("pginstall-*")) - copies:  # the clone's server binaries, copied
             shutil.rmtree(made, ignore_errors=True)
