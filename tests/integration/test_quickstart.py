@@ -2,6 +2,7 @@
 README's quick start, `./run` beside `./test`, from a fresh clone."""
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -95,16 +96,17 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path, newcomer):
     in another while `./run` goes on; the directories above the checkout keep their modes. Run by
     whoever runs the suite (root in CI: the servers run as the OS user postgres), and by an
     ordinary user in a 0700 home of their own (the servers run as that user)."""
-    if newcomer is not None and (os.geteuid() != 0 or shutil.which("runuser") is None):
-        pytest.skip("making an ordinary user needs root and runuser")
+    if newcomer is not None and os.geteuid() != 0:
+        pytest.skip("making an ordinary user needs root")
     outer = Path(tempfile.mkdtemp(prefix="pgtask-quickstart-"))  # 0700
     checkout = outer / "with space" / "project"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "VIRTUAL_ENV"))}
-    as_user: list[str] = []
+    as_user: dict = {}  # subprocess's arguments to run a command as the newcomer
     if newcomer is not None:  # the 0700 directory is their home
         if subprocess.run(["id", "-u", newcomer], capture_output=True, check=False).returncode != 0:
             subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", newcomer], check=True)
-        as_user = ["runuser", "-u", newcomer, "--"]
+        entry = pwd.getpwnam(newcomer)
+        as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         env = {**env, "HOME": str(outer), "USER": newcomer, "LOGNAME": newcomer}
     run = None
     copies = set(SERVER_HOME.glob("pginstall-*"))
@@ -118,22 +120,23 @@ def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path, newcomer):
         modes = [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)]
         assert modes[0] == "0o700"
         with open(tmp_path / "run.log", "wb") as log:
-            run = subprocess.Popen([*as_user, "./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+            run = subprocess.Popen(["./run"], cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, **as_user)
         wait_for(lambda: "pgtask running" in (out := (tmp_path / "run.log").read_text(errors="replace")) or
                  run.poll() is not None and pytest.fail(f"./run exited:\n{out}"), 300, message="./run")
         # what the server user could not reach was put where it can: nothing above the checkout chmod-ed
         assert [oct(p.stat().st_mode & 0o777) for p in (outer, checkout.parent)] == modes
-        readme_psql = [*as_user, "psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
+        readme_psql = ["psql", "-h", f"{checkout}/.pgtask/run", "-p", "5432", "-U", "postgres", "-d", "postgres", "-XAtq"]
         task_id = subprocess.run([*readme_psql, "-c", "INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id"],
-                                 capture_output=True, text=True, check=True, env=env).stdout.split()[0]
+                                 capture_output=True, text=True, check=True, env=env, **as_user).stdout.split()[0]
         wait_for(lambda: subprocess.run([*readme_psql, "-c", f"SELECT state FROM task WHERE id = {int(task_id)}"],
-                                        capture_output=True, text=True, env=env, check=False).stdout.strip()
+                                        capture_output=True, text=True, env=env, check=False, **as_user).stdout.strip()
                  == "DONE",
                  30, message="the task in ./run's embedded cluster")
-        tests = subprocess.run([*as_user, "./test", "tests/integration/test_quickstart.py", "-q", "-p", "no:cacheprovider",
+        tests = subprocess.run(["./test", "tests/integration/test_quickstart.py", "-q", "-p", "no:cacheprovider",
                                 "-k", "quick_start_as_written or quick_start_runs"],
-                               cwd=checkout, env=env, capture_output=True, text=True, timeout=400, check=False)
+                               cwd=checkout, env=env, capture_output=True, text=True, timeout=400, check=False,
+                               **as_user)
         assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
         assert tests.stdout.count("2 passed") == 2, tests.stdout[-4000:]
         assert run.poll() is None, (tmp_path / "run.log").read_text(errors="replace")
