@@ -246,7 +246,7 @@ class TableStats:
             cur = await conn.execute(self.queries[name], params)
             return await cur.fetchall()
 
-        reading = fold_groups(await rows("queue"), await rows("running") + await rows("waiting"), self.groups)
+        reading = fold_groups(await rows("queue"), await rows("held"), self.groups)
         finished = await self.finished_estimate(conn)
         if sum(finished.values()) <= EXACT_FINISHED:
             finished = dict.fromkeys(FINISHED, 0) | dict(await rows("ended"))

@@ -11,11 +11,11 @@ SELECT "group", count(*) AS planned, count(*) FILTER (WHERE "plan" <= statement_
 FROM {table} WHERE "state" = 'PLAN'
 GROUP BY 1
 
--- running --
+-- held --
+-- Rows claimed or running (TAKE, WORK), and rows waiting for their dependencies (WAIT: through
+-- the wait index, which holds only waiting rows), per group and state.
 SELECT "group", "state"::text, count(*) FROM {table} WHERE "state" IN ('TAKE', 'WORK') GROUP BY 1, 2
-
--- waiting --
--- Rows waiting for their dependencies (WAIT), per group (the wait index: only waiting rows).
+UNION ALL
 SELECT "group", 'WAIT', count(*) FROM {table} WHERE "wait" > 0 AND "state"::text = 'WAIT' GROUP BY 1
 
 -- ended --
