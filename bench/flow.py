@@ -28,9 +28,7 @@ import time
 import psycopg
 
 from bench.run import Bench
-from pgtask.queries import PASS_STATEMENTS, PLANNER_SETTINGS, numbered, render_query
-
-CLAIM_PARAMS = dict(PASS_STATEMENTS)["claim"]
+from pgtask.queries import CLAIM_PARAMS, PLANNER_SETTINGS, numbered, render_query
 
 
 def due_groups(conn: psycopg.Connection, groups: int = 16, per_group: int = 2000) -> None:

@@ -63,6 +63,9 @@ class Claimer:
         self.pass_planned_at = 0.0
         # the pass before found nothing (as none before the first): see claim_pass
         self.pass_idle, self.pass_replan, self.claim_may_start = True, False, True
+        # the last pass found a group paused or rate-limited (as if one did before the first): this
+        # pass claims under flow control, else with the plain claim (see "claim_plain")
+        self.limited = True
         self.analyzing: asyncio.Task | None = None  # see _check_statistics
         self.analyzed_at = -float("inf")
         self.pass_loader: Transformer | None = None
@@ -173,7 +176,8 @@ class Claimer:
             # over a scan of the whole table through the burst (1.5-2 ms instead of 0.3 at 6,000 rows).
             if self.pass_replan or time.monotonic() - self.pass_planned_at >= self.options.reset_check:
                 self.queries.plans, self.pass_planned_at, self.pass_replan = self.queries.plans + 1, time.monotonic(), False
-            await self.queries.prepare_pass(self.control)
+            limited = self.limited
+            await self.queries.prepare_pass(self.control, limited)
             if self.pass_loader is None or self.pass_loader.connection is not self.control:
                 self.pass_loader = Transformer(self.control)
             pgconn = self.control.pgconn
@@ -192,7 +196,7 @@ class Claimer:
                     offers = self.completer.offers(batch)
                 text = self.queries.claim_pass_text(finishes, expiring, (
                     self.token, min(room, self.options.limit), list(offers),
-                    [t.id for t, _ in offers.values()]) if claim else None)
+                    [t.id for t, _ in offers.values()]) if claim else None, limited)
                 await wire.send(pgconn, text)
                 results, error = await wire.results(pgconn)
             except BaseException:
@@ -224,8 +228,12 @@ class Claimer:
                 names = [res.fname(i).decode() for i in range(res.nfields)]
                 tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
             loader.set_pgresult(results[-1])
-            next_in, due, settings_mark, table_oid, conf_loaded, *style = loader.load_row(0, tuple)
+            next_in, due, settings_mark, table_oid, self.limited, conf_loaded, *style = loader.load_row(0, tuple)
         self.error_style = ErrorStyle.of(style)
+        if claim and self.limited and not limited:
+            # a group became paused or rate-limited: the plain claim may have claimed nothing
+            # because of it (see "claim_plain"); the next pass claims under flow control, now
+            self.life.wake.set()
         if table_oid != self.queries.oid:
             await self.adopt_table(table_oid)
         self.settings_seen(settings_mark)  # before the claimed tasks take their sessions

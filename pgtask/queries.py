@@ -40,7 +40,14 @@ WRITER_SETTINGS = f"{PLANNER_SETTINGS}; SET plan_cache_mode = force_generic_plan
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order);
 # its claim lock (a LOCK TABLE) is sent as text.
-PASS_STATEMENTS = (("expire", ()), ("claim", ("token", "oid", "limit", "offer_pid", "offer_id")), ("next", ()))
+CLAIM_PARAMS = ("token", "oid", "limit", "offer_pid", "offer_id")
+PASS_STATEMENTS = {"expire": (), "claim": CLAIM_PARAMS, "next": (), "claim_plain": CLAIM_PARAMS, "next_plain": ()}
+
+
+def pass_claim(limited: bool) -> tuple[str, str]:
+    """The claim pass's claim and next: "claim" and "next" while some group is paused or
+    rate-limited (``limited``: the last pass found one), else their plain variants (see "claim_plain")."""
+    return ("claim", "next") if limited else ("claim_plain", "next_plain")
 # the statistics looked at before claiming starts (see claim.Claimer._check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
 # claim_next's, for a session reusing its executor (count/live): see claim.Claimer.next_of_group
@@ -216,9 +223,10 @@ class Queries:
     async def analyze(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(self.ident))
 
-    async def prepare_pass(self, conn: psycopg.AsyncConnection) -> None:
-        for name, params in PASS_STATEMENTS:
-            await self.prepare(conn, name, params, self.plans)
+    async def prepare_pass(self, conn: psycopg.AsyncConnection, limited: bool) -> None:
+        """The statements of a claim pass (see claim_pass_text), prepared for this planning round."""
+        for name in ("expire", *pass_claim(limited)):
+            await self.prepare(conn, name, PASS_STATEMENTS[name], self.plans)
 
     async def pass_finishes(self, conn: psycopg.AsyncConnection, loader: Transformer,
                             finishes: list[FinishWrite], slow: float) -> list[bytes]:
@@ -238,19 +246,22 @@ class Queries:
                 b"SET LOCAL statement_timeout = " + slow_ms, b"EXECUTE pgtask_flush_finish(" + args + b")",
                 b"SET LOCAL statement_timeout = DEFAULT", b"SET LOCAL plan_cache_mode = DEFAULT"]
 
-    def claim_pass_text(self, finishes: list[bytes], expiring: bool, claim: tuple | None) -> bytes:
+    def claim_pass_text(self, finishes: list[bytes], expiring: bool, claim: tuple | None,
+                        limited: bool) -> bytes:
         """The claim pass's query string: BEGIN, [finishes,] [expire,] [claim lock, claim,] next,
         COMMIT. ``claim``: (token, limit, offered pids, offered task ids), or None for no claim; the
-        claim is of the table ``oid`` names (see "same_table")."""
+        claim is of the table ``oid`` names (see "same_table"). ``limited``: the last pass found a
+        group paused or rate-limited (its claim and next, else the plain ones: see "claim_plain")."""
+        claim_name, next_name = pass_claim(limited)
         text = [b"BEGIN", *finishes]
         if expiring:
             text.append(b"EXECUTE pgtask_expire")
         if claim is not None:
             token, limit, offer_pids, offer_ids = claim
             text.append(self.text("claim_lock").encode())
-            text.append(f"EXECUTE pgtask_claim('{token}', {int(self.oid)}, {int(limit)}, "
+            text.append(f"EXECUTE pgtask_{claim_name}('{token}', {int(self.oid)}, {int(limit)}, "
                         f"{_int_array(offer_pids)}, {_int_array(offer_ids)})".encode())
-        text.append(b"EXECUTE pgtask_next; COMMIT")
+        text.append(f"EXECUTE pgtask_{next_name}; COMMIT".encode())
         return b"; ".join(text)
 
     async def claim_next(self, conn: psycopg.AsyncConnection, values: dict):

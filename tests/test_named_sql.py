@@ -1,4 +1,5 @@
-"""The named-SQL files: a part several queries share is written once and included ({@name})."""
+"""The named-SQL files: a part several queries share is written once and included ({@name}); a
+variant of a query is that query with some of its parts swapped ({@name a=b})."""
 
 import pytest
 
@@ -17,10 +18,32 @@ def test_an_include_is_filled_in_before_any_renderer_sees_the_text():
     ("-- a --\nSELECT {@b}\n-- b --\n{@a}\n", "includes itself"),
     ("-- a --\nSELECT 1\n-- a --\nSELECT 2\n", "query a defined twice"),
     ("-- a --\nSELECT {@table.sql:nope}\n", "x.sql: a includes table.sql:nope, which is not defined"),
+    ("-- a --\nSELECT {@b}\n-- b --\n1\n-- v --\n{@a b=nope}\n", "v includes nope, which is not defined"),
+    ("-- a --\nSELECT {@b}\n-- b --\n1\n-- c --\n2\n-- v --\n{@a c=b}\n", "v swaps c, which a does not include"),
+    ("-- a --\nSELECT {@b}\n-- b --\n{@v}\n-- v --\n{@a b=b}\n", "includes itself"),
+    ("-- v --\n{@table.sql:slot_held a=b}\n", "with swaps: a swap is of a part of the same file"),
 ])
 def test_a_broken_file_is_refused_naming_the_query(text, words):
     with pytest.raises(ValueError, match=words):
         parse(text, "x.sql")
+
+
+def test_a_variant_swaps_a_part_however_deep_it_is_included():
+    got = parse("-- a --\nSELECT {@b}, {@c}\n-- b --\nx AND {@c}\n-- c --\ny\n-- z --\nfalse\n"
+                "-- v --\n{@a c=z}\n")
+    assert got["a"] == "SELECT x AND y, y"
+    assert got["v"] == "SELECT x AND false, false"
+
+
+def test_the_plain_claim_is_the_claim_without_the_group_table_but_for_its_guard():
+    """claim_plain (no group paused or rate-limited) is claim with its flow parts swapped out: the
+    group table is read once, by the guard that makes it claim nothing once a group is limited."""
+    claim, plain = query("queries.sql", "claim"), query("queries.sql", "claim_plain")
+    for part in ("flow", "spend", "flow_allows"):
+        assert query("queries.sql", part) in claim and query("queries.sql", part) not in plain
+    assert plain.count("{rel_groups}") == 1 and query("queries.sql", "unlimited") in plain
+    assert query("queries.sql", "next_token") in query("queries.sql", "next")
+    assert "{rel_groups}" not in query("queries.sql", "next_plain").replace(query("queries.sql", "limited"), "")
 
 
 def test_the_purge_and_its_preview_share_one_predicate():

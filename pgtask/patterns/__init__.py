@@ -121,7 +121,9 @@ def sections(pattern: str) -> tuple[Section, ...]:
 
 
 def _included(m: re.Match, where: str, own: dict[str, str]) -> str:
-    other, included = m.groups()
+    other, included = m.group(1), m.group(2)
+    if service_sql.swaps_of(m, where):
+        raise ValueError(f"{where} includes {included} with swaps: the notebooks' SQL has none")
     if other is not None:
         return service_sql.include(other, included, where)
     if included not in own:

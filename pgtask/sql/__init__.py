@@ -10,8 +10,10 @@ _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 # {@name}, {@file.sql:name}: the text of the query ``name`` (of this file, or of another one here)
 # goes there -- a part several queries share, written once -- before any renderer sees the text:
 # the service's (psycopg.sql) and the notebooks' (pgtask.patterns.render) fill in the same
-# placeholders in the whole.
-INCLUDE = re.compile(r"\{@(?:([a-z_]+\.sql):)?([a-z_]+)\}")
+# placeholders in the whole. {@name a=b c=d}: a variant of ``name`` (of this file) -- wherever it,
+# or a part within it, includes ``a``, ``b`` goes there instead: a statement and its variant are
+# written once.
+INCLUDE = re.compile(r"\{@(?:([a-z_]+\.sql):)?([a-z_]+)((?: [a-z_]+=[a-z_]+)*)\}")
 
 
 @cache
@@ -28,19 +30,39 @@ def parse(text: str, filename: str = "<text>") -> dict[str, str]:
             raise ValueError(f"{filename}: query {name} defined twice")
         raw[name] = body.strip()
 
-    def expand(name: str, within: tuple[str, ...]) -> str:
+    def expand(name: str, within: tuple[str, ...], swaps: dict[str, str], used: set[str]) -> str:
         def part(m: re.Match) -> str:
-            other, included = m.groups()
+            other, included, swapping = m.group(1), m.group(2), swaps_of(m, f"{filename}: {name}")
             if other is not None:  # another file's (read, and its own includes filled in, on its own)
                 return include(other, included, f"{filename}: {name}")
-            if included not in raw:
-                raise ValueError(f"{filename}: {name} includes {included}, which is not defined")
+            for new in (included, *swapping.values()):
+                if new not in raw:
+                    raise ValueError(f"{filename}: {name} includes {new}, which is not defined")
+            if included in swaps:
+                used.add(included)
+                included = swaps[included]
             if included in within:
                 raise ValueError(f"{filename}: {name} includes itself through {included}")
-            return expand(included, (*within, included))
+            inner_used: set[str] = set()
+            text = expand(included, (*within, included), {**swapping, **swaps}, inner_used)
+            unused = set(swapping) - inner_used
+            if unused:
+                raise ValueError(f"{filename}: {name} swaps {', '.join(sorted(unused))}, which "
+                                 f"{included} does not include")
+            used.update(inner_used - set(swapping))
+            return text
         return INCLUDE.sub(part, raw[name])
 
-    return {name: expand(name, (name,)) for name in raw}
+    return {name: expand(name, (name,), {}, set()) for name in raw}
+
+
+def swaps_of(m: re.Match, where: str) -> dict[str, str]:
+    """An include's swaps ({@name a=b}: a -> b); only within one file."""
+    swapping = dict(pair.split("=") for pair in m.group(3).split())
+    if swapping and m.group(1) is not None:
+        raise ValueError(f"{where} includes {m.group(1)}:{m.group(2)} with swaps: a swap is of a part "
+                         f"of the same file")
+    return swapping
 
 
 def include(filename: str, name: str, where: str) -> str:

@@ -92,12 +92,9 @@ WITH RECURSIVE keys AS (
     FROM locked
 ), chosen AS (
     SELECT e."id", e."group", e."remote", e."user" FROM ranked e LEFT JOIN flow f ON f.g = e."group"
-    WHERE e.k >= 0 AND (f.allow IS NULL OR e.gk <= f.allow) AND {@same_table} ORDER BY e.cap DESC, e."id" LIMIT %(limit)s
+    WHERE e.k >= 0 AND {@flow_allows} AND {@same_table} ORDER BY e.cap DESC, e."id" LIMIT %(limit)s
 ), spent AS (
-    -- the tokens the started tasks took: the bucket as it is now, less them
-    UPDATE {rel_groups} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
-    FROM (SELECT "group", count(*) AS n FROM chosen GROUP BY 1) c, flow f
-    WHERE g."group" = c."group" AND f.g = c."group" AND f.avail IS NOT NULL
+    {@spend}
 ), offered AS (
     -- Idle executor sessions the service offers, each (its pid, the task it ran, which this
     -- transaction finished): a chosen local task of that task's role and group takes one and goes
@@ -122,6 +119,14 @@ UPDATE {table} t SET "state" = CASE WHEN m.pid IS NULL THEN 'TAKE'::{state} ELSE
 FROM chosen LEFT JOIN matched m ON m."id" = chosen."id" WHERE t."id" = chosen."id"
 RETURNING {task_columns}, m.pid AS session_pid
 
+-- claim_plain --
+-- The claim while no group is paused or rate-limited (next's "limited": the service claims with this
+-- one after a pass found none, see claim.Claimer.claim_pass): it neither reads nor writes the group
+-- table's rows, and claims nothing at all if a group has become limited since -- the pass's "next"
+-- then says so, and the pass after it claims with "claim". An idle pass of "claim" costs twice this
+-- one's (its flow joins and its token update, run whatever the groups), a busy one 2-3 %.
+{@claim flow=no_flow flow_allows=unlimited spend=no_spend}
+
 -- flow --
 -- (Part of claim.) Per group with a row in the group table that is paused or has a rate: "allow",
 -- the tasks it may start now (NULL: no limit), and "avail", its rate's tokens now (NULL: no rate).
@@ -137,6 +142,32 @@ FROM {rel_groups} g LEFT JOIN (
     FROM {rel_groups} b WHERE b."rate" IS NOT NULL AND NOT b."paused"
     FOR NO KEY UPDATE OF b SKIP LOCKED) h ON h."group" = g."group"
 WHERE g."paused" OR g."rate" IS NOT NULL
+
+-- flow_allows --
+-- (Part of claim: a chosen row e, its group's flow f.) Within its group's allowance.
+(f.allow IS NULL OR e.gk <= f.allow)
+
+-- spend --
+-- (Part of claim.) The tokens the started tasks took: the bucket as it is now, less them.
+UPDATE {rel_groups} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
+FROM (SELECT "group", count(*) AS n FROM chosen GROUP BY 1) c, flow f
+WHERE g."group" = c."group" AND f.g = c."group" AND f.avail IS NOT NULL
+
+-- limited --
+-- (Part of claim_plain and next.) Some group is paused or rate-limited.
+EXISTS (SELECT FROM {rel_groups} g WHERE g."paused" OR g."rate" IS NOT NULL)
+
+-- no_flow --
+-- (Part of claim_plain.) No group's flow to join.
+SELECT NULL::text AS g, NULL::numeric AS allow, NULL::numeric AS avail WHERE false
+
+-- unlimited --
+-- (Part of claim_plain.) A one-time filter: every chosen row, or none at all.
+NOT {@limited}
+
+-- no_spend --
+-- (Part of claim_plain.) No tokens to take.
+SELECT WHERE false
 
 -- claim_next --
 -- Executor reuse within count/live (the manual's task_live): the next due task of the same group,
@@ -353,21 +384,34 @@ WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.d
 -- Seconds until the next planned row or the next token of a rate-limited group that spent its
 -- tokens (NULL: none; such a group is looked at once more when its token comes, whether or not
 -- its tasks wait for it) and whether due rows wait (blocked by max, a pause or a rate); the
--- settings' fingerprint (settings_mark); the table's oid now (see same_table); then when this
+-- settings' fingerprint (settings_mark); the table's oid now (see same_table); whether some group
+-- is paused or rate-limited (the next pass claims with "claim" or "claim_plain"); then when this
 -- backend last read the server's configuration (a reload: the sessions' error style is read again,
 -- see Session.style) and the error style in force here (remote tasks' errors).
 SELECT least(extract(epoch FROM (SELECT min("plan") FROM {table}
                                   WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                                  - statement_timestamp())::float8,
-             -- in seconds, not as a time: no refilled and rate a user wrote can overflow a timestamp
-             (SELECT min(x.s) FROM (
-                  SELECT extract(epoch FROM g."refilled" - statement_timestamp())::float8
-                         + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_groups} g
-                  WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
-              WHERE x.s > 0)),
+             {@next_token}),
        (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
-       ({@settings_mark}), to_regclass({regclass})::oid::int8,
+       ({@settings_mark}), to_regclass({regclass})::oid::int8, {@limited},
        pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
+
+-- next_plain --
+-- "next" of a pass that claimed with "claim_plain": no group's token to wait for.
+{@next next_token=no_token}
+
+-- next_token --
+-- (Part of next.) Seconds until the next token of a rate-limited group that spent its tokens --
+-- in seconds, not as a time: no refilled and rate a user wrote can overflow a timestamp.
+(SELECT min(x.s) FROM (
+     SELECT extract(epoch FROM g."refilled" - statement_timestamp())::float8
+            + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_groups} g
+     WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
+ WHERE x.s > 0)
+
+-- no_token --
+-- (Part of next_plain.)
+NULL::float8
 
 -- statistics --
 -- Whether the planner's statistics describe the queue, looked at before claiming starts after an

@@ -32,6 +32,25 @@ def test_a_paused_group_starts_nothing_until_resumed(db, service):
         assert db.wait_state(t)["state"] == "DONE"
 
 
+def test_a_pause_holds_the_next_claim_of_a_service_that_saw_no_group_limited(db, service):
+    """While no group is paused or rate-limited the service claims without the group table's flow
+    columns -- but for a check in the claim's own snapshot: a pause committed after its last pass
+    holds that group's tasks from its very next claim, which the tasks' notification wakes."""
+    probe = db.insert("SELECT 1", group="probe", delete=False)
+    db.wait_state(probe)  # its pass found no group limited
+    with db.connect() as conn, conn.transaction():
+        conn.execute("INSERT INTO task_group (\"group\", paused) VALUES ('held', true)")
+        held = [conn.execute("INSERT INTO task (input, \"group\", delete) VALUES ('SELECT 1', 'held', false) "
+                             "RETURNING id").fetchone()[0] for _ in range(3)]
+        free = conn.execute("INSERT INTO task (input, \"group\", delete) VALUES ('SELECT 1', 'free', false) "
+                            "RETURNING id").fetchone()[0]
+    db.wait_state(free)
+    assert {db.task(t)["state"] for t in held} == {"PLAN"}
+    db.execute("UPDATE task_group SET paused = false WHERE \"group\" = 'held'")
+    for t in held:
+        assert db.wait_state(t)["state"] == "DONE"
+
+
 def test_running_tasks_finish_and_their_session_takes_no_next(db, service):
     """A task of a paused group that runs finishes; the session it frees does not take the group's
     next task (count > 0: executor reuse)."""
