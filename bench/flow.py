@@ -15,6 +15,9 @@ are released, a rate limit shared by two service instances, and a resume.
 5. What the release trigger costs a finish nobody waits for: 16 claimed rows set DONE in one
    statement (rolled back), with the trigger and with it disabled, in alternating rounds (its
    WHEN clause reads the row's "waited" mark: no call).
+6. What flow control costs a claim while no group is paused or rate-limited: the claim statement
+   under flow control ("claim") against the one a pass uses then ("claim_plain"), on an empty
+   queue (an idle pass) and on 16 groups x 2,000 due (16 claimed, rolled back), alternating rounds.
 
 Prints numbers; asserts nothing. PostgreSQL 15 (Debian's), bench.run's cluster settings.
 """
@@ -37,13 +40,13 @@ def due_groups(conn: psycopg.Connection, groups: int = 16, per_group: int = 2000
                     FROM generate_series(1, %s) i""", (groups, groups * per_group))
 
 
-def claim_ms(conn: psycopg.Connection, reps: int) -> list[float]:
-    """The claim statement's time, ``reps`` times, each claim rolled back."""
+def claim_ms(conn: psycopg.Connection, reps: int, name: str = "flow_claim") -> list[float]:
+    """The time of the claim statement prepared as ``name``, ``reps`` times, each claim rolled back."""
     times = []
     for _ in range(reps):
         conn.execute("BEGIN")
         t0 = time.perf_counter()
-        conn.execute("EXECUTE flow_claim('00000000-0000-4000', 'task'::regclass, 16, '{}', '{}')")
+        conn.execute(f"EXECUTE {name}('00000000-0000-4000', 'task'::regclass, 16, '{{}}', '{{}}')")
         times.append((time.perf_counter() - t0) * 1000)
         conn.execute("ROLLBACK")
     return times
@@ -185,12 +188,37 @@ def finish_cost(bench: Bench, rounds: int = 6, reps: int = 200) -> None:
     conn.close()
 
 
+def plain_cost(bench: Bench, rounds: int = 10, reps: int = 200) -> None:
+    for due in (False, True):
+        conn = bench.connect(bench.database())
+        if due:
+            due_groups(conn)
+        conn.execute("VACUUM ANALYZE task")
+        conn.execute(PLANNER_SETTINGS)
+        for name in ("claim", "claim_plain"):
+            conn.execute(f"PREPARE {name} AS " + numbered(render_query(name, "public", "task"), CLAIM_PARAMS))
+            claim_ms(conn, 20, name)  # warm
+        timed: dict[str, list[float]] = {"claim": [], "claim_plain": []}
+        ratios = []
+        for r in range(rounds):
+            if due:  # the rolled-back claims' dead rows, gone before each round
+                conn.execute("VACUUM task")
+            for name in (("claim", "claim_plain") if r % 2 == 0 else ("claim_plain", "claim")):
+                timed[name].append(statistics.median(claim_ms(conn, reps, name)))
+            ratios.append(timed["claim_plain"][-1] / timed["claim"][-1])
+        print(f"6. claim statement, {'16 groups x 2,000 due' if due else 'empty queue'}: "
+              f"{statistics.median(timed['claim']):.3f} ms under flow control, "
+              f"{statistics.median(timed['claim_plain']):.3f} ms plain (rounds' medians; plain/flow paired "
+              f"{statistics.median(ratios):.2f}, spread {min(ratios):.2f}-{max(ratios):.2f})")
+        conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--waiting", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--only", default="12345", help="which measurements (digits)")
+    ap.add_argument("--only", default="123456", help="which measurements (digits)")
     args = ap.parse_args()
     bench = Bench(1.0, 1)
     bench.start()
@@ -205,6 +233,8 @@ def main() -> None:
             pause(bench, args.seconds)
         if "5" in args.only:
             finish_cost(bench)
+        if "6" in args.only:
+            plain_cost(bench)
     finally:
         bench.close()
 

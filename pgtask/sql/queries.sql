@@ -121,10 +121,10 @@ RETURNING {task_columns}, m.pid AS session_pid
 
 -- claim_plain --
 -- The claim while no group is paused or rate-limited (next's "limited": the service claims with this
--- one after a pass found none, see claim.Claimer.claim_pass): it neither reads nor writes the group
--- table's rows, and claims nothing at all if a group has become limited since -- the pass's "next"
--- then says so, and the pass after it claims with "claim". An idle pass of "claim" costs twice this
--- one's (its flow joins and its token update, run whatever the groups), a busy one 2-3 %.
+-- one after a pass found none, see claim.Claimer.claim_pass). "claim" plans and runs its flow joins
+-- and its token update whatever the groups are; this one reads the group table only to check, in
+-- its own snapshot, that no group is limited -- if one has become so since, it claims nothing at
+-- all, the pass's "next" says so, and the pass after it claims with "claim".
 {@claim flow=no_flow flow_allows=unlimited spend=no_spend}
 
 -- flow --
