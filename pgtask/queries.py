@@ -48,6 +48,8 @@ def pass_claim(limited: bool) -> tuple[str, str]:
     """The claim pass's claim and next: "claim" and "next" while some group is paused or
     rate-limited (``limited``: the last pass found one), else their plain variants (see "claim_plain")."""
     return ("claim", "next") if limited else ("claim_plain", "next_plain")
+
+
 # the statistics looked at before claiming starts (see claim.Claimer._check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
 # claim_next's, for a session reusing its executor (count/live): see claim.Claimer.next_of_group
