@@ -21,21 +21,9 @@ RECORD = "INSERT INTO started VALUES (clock_timestamp())"
 
 
 def test_a_paused_group_starts_nothing_until_resumed(db, service):
-    db.execute("INSERT INTO task_group (\"group\", paused) VALUES ('held', true)")
-    held = [db.insert("SELECT 1", group="held", delete=False) for _ in range(3)]
-    other = db.insert("SELECT 1", group="free", delete=False)
-    db.wait_state(other)
-    # a claim pass ran after the held tasks were due (it took the other one): they stay queued
-    assert {db.task(t)["state"] for t in held} == {"PLAN"}
-    db.execute("UPDATE task_group SET paused = false WHERE \"group\" = 'held'")
-    for t in held:
-        assert db.wait_state(t)["state"] == "DONE"
-
-
-def test_a_pause_holds_the_next_claim_of_a_service_that_saw_no_group_limited(db, service):
-    """While no group is paused or rate-limited the service claims without the group table's flow
-    columns -- but for a check in the claim's own snapshot: a pause committed after its last pass
-    holds that group's tasks from its very next claim, which the tasks' notification wakes."""
+    """From the very next claim: while no group is paused or rate-limited the service claims
+    without the group table's flow columns but for a check in the claim's own snapshot, so a pause
+    committed after its last pass holds that group's tasks in the claim the tasks' notification wakes."""
     probe = db.insert("SELECT 1", group="probe", delete=False)
     db.wait_state(probe)  # its pass found no group limited
     with db.connect() as conn, conn.transaction():
