@@ -14,12 +14,26 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
+# A peer that vanished without a word (its host's network cut, its power gone) is noticed on TCP
+# connections within DEAD_PEER_SECONDS, on both sides. The keepalives find it on an idle connection;
+# tcp_user_timeout on one with data unacknowledged (a query sent, no answer), where keepalives never
+# fire and the kernel would retry for about 15 minutes. Kernels ACK for a busy server, so a slow
+# query is no dead peer. A connection string that sets any of them keeps its own.
+DEAD_PEER_SECONDS = 10
+PEER_LIVENESS = (("keepalives", "1"), ("keepalives_idle", "5"), ("keepalives_interval", "2"),
+                 ("keepalives_count", "3"), ("tcp_user_timeout", str(DEAD_PEER_SECONDS * 1000)))
+
+
+def with_peer_liveness(params: dict[str, str]) -> dict[str, str]:
+    """``params`` (connection parameters) with PEER_LIVENESS after them, where they do not set it."""
+    return {**params, **{k: v for k, v in PEER_LIVENESS if k not in params}}
+
+
 def with_liveness(conninfo: str) -> str:
-    """Let the server notice a vanished service: TCP keepalives, and a running query checks its client
+    """Let either side notice the other vanished: PEER_LIVENESS, and a running query checks its client
     every second (client_connection_check_interval) so an orphaned task is cancelled, not finished."""
     params = conninfo_to_dict(conninfo) if conninfo else {}
-    extra = {k: v for k, v in (("keepalives", "1"), ("keepalives_idle", "10"), ("keepalives_interval", "5"),
-                               ("keepalives_count", "3")) if k not in params}
+    extra = {k: v for k, v in PEER_LIVENESS if k not in params}
     options = params.get("options", "")
     if "client_connection_check_interval" not in options:
         extra["options"] = (options + " -c client_connection_check_interval=1000").strip()

@@ -33,7 +33,7 @@ from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 
 from . import wire
-from .connect import Connection, connection_settings, group_settings
+from .connect import Connection, connection_settings, group_settings, with_peer_liveness
 from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, message, simple_error
 from .task import NotStarted, Task
 
@@ -89,7 +89,8 @@ def connect_params(user: dict, schema: str, table: str, oid: int, group: str, en
     ``application_name`` is pg_task's (overriding the user's; no fallback_application_name);
     ``options`` is the user's plus ``-c pg_task.group/schema/table/oid`` (the group's settings, as a
     local session's); ``client_encoding`` is the local database's; ``connect_timeout`` is bounded
-    when neither the string nor the environment gives one.
+    when neither the string nor the environment gives one, and a vanished server is noticed as the
+    service's own connections notice it (connect.PEER_LIVENESS) unless the string says otherwise.
     """
     params = {**connection_settings(group_settings(group, schema, table, oid), user.get("options")),
               "client_encoding": encoding}
@@ -98,7 +99,7 @@ def connect_params(user: dict, schema: str, table: str, oid: int, group: str, en
             params[key] = value
     if "connect_timeout" not in params and not os.environ.get("PGCONNECT_TIMEOUT"):
         params["connect_timeout"] = str(DEFAULT_CONNECT_TIMEOUT)
-    return params
+    return with_peer_liveness(params)
 
 
 def preamble(task: Task, check_client: bool = False) -> str:

@@ -20,7 +20,7 @@ from . import config as cfgmod
 from . import notify, provision
 from .cluster import Cluster, find_bindir
 from .config import BY_NAME, Config, Entry
-from .connect import Backoff, without_timeouts
+from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
@@ -77,7 +77,7 @@ def writable(conninfo: str) -> str:
 def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
     """The service's connection: the dsn, libpq's environment, or the embedded cluster."""
     if cfg.server_configured:
-        return writable(cfg.dsn), None
+        return with_liveness(writable(cfg.dsn)), None
     cluster = embedded_cluster(cfg)
     if not cluster.initialized():
         log.info("no server configured: creating the embedded cluster in %s", cluster.base)
