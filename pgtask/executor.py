@@ -105,11 +105,6 @@ class Session(Connection):
         self.reloads = reloads  # the pool's count of configuration reloads (SessionPool)
         self.style_reloads = -1  # that count when error_style was read
         self.settings_seen = reloads.settings  # the database and role settings it started with
-        # count/live, as the manual's worker counts them: tasks run, when the first of them was
-        # claimed (the database's clock, for claim_next) and started (the loop's, for spent)
-        self.tasks = 0
-        self.born = None
-        self.born_at = 0.0
 
     @classmethod
     async def opened(cls, conn: psycopg.AsyncConnection, user: str, set_role: bool,
@@ -140,17 +135,6 @@ class Session(Connection):
         """Whether ALTER DATABASE / ALTER ROLE settings changed since it started (it still has the
         old ones: a backend reads them once): it runs no more tasks."""
         return self.settings_seen != self.reloads.settings
-
-    def starts(self, task: Task) -> None:
-        """``task`` runs on it: the first one starts its life (see spent)."""
-        if not self.tasks:
-            self.born, self.born_at = task.now, asyncio.get_running_loop().time()
-
-    def spent(self, task: Task) -> bool:
-        """Whether it has lived out ``task``'s count or live (the manual: how many tasks, or how
-        long, a worker runs before it exits), counting every task it ran: it is closed, not pooled."""
-        return (task.count > 0 and self.tasks >= task.count
-                or task.live_s > 0 and asyncio.get_running_loop().time() - self.born_at >= task.live_s)
 
     async def reset(self) -> None:
         """Back to a clean session now."""

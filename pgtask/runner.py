@@ -64,7 +64,7 @@ class Runner:
 
     async def execute(self, task: Task, target: LocalTarget | RemoteTarget) -> None:
         """Run one task and, within count/live, further tasks of its group on the same connection."""
-        spawner_max = task.max
+        chain = Chain(task)
         try:
             while task is not None:
                 conn = await target.connect(task)
@@ -86,13 +86,14 @@ class Runner:
                     await target.drop()
                     await self.failed_in_service(task, exc)
                     return
-                task = await target.complete(task, output, error, held.large,
-                                             functools.partial(self.complete, spawner_max=spawner_max))
+                chain.done += 1
+                task = await target.complete(task, output, error, held.large, chain,
+                                             functools.partial(self.complete, chain=chain))
         finally:
             await target.close()
 
-    async def complete(self, task: Task, output: str | None, error: str | None, done: int, born,
-                       more: bool = True, *, spawner_max: int) -> Task | None:
+    async def complete(self, task: Task, output: str | None, error: str | None, more: bool = True, *,
+                       chain: Chain) -> Task | None:
         """After a run: finish the task and return the group's next task for the same session
         (within count/live, unless not ``more``), or None. A run cancelled by SIGTERM's grace
         deadline is put back -- unless its input succeeded all the same (it ended just then, or
@@ -117,7 +118,7 @@ class Runner:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.claim_next(task, spawner_max, done, born) if more else None
+                    return await self.claim_next(task, chain.max, chain.done, chain.born) if more else None
             await finishing
             return None
         await self.completer.finish(task, output, error)
@@ -211,6 +212,27 @@ class Runner:
 Complete = Callable[..., Awaitable[Task | None]]  # Runner.complete, for one group's tasks
 
 
+class Chain:
+    """The tasks one run of Runner.execute takes on its connection: the manual's worker, which
+    starts from zero with the task that spawned it. count and live are counted here, not on the
+    connection: a pooled session that ran other tasks before starts a chain from zero all the same.
+
+    ``max``: the spawner's (its next tasks have max >= it); ``done``: tasks run; ``born``: the
+    spawner's claim time (the database's clock, for claim_next); ``born_at``: the loop's, for spent."""
+
+    __slots__ = ("max", "done", "born", "born_at")
+
+    def __init__(self, spawner: Task):
+        self.max, self.done, self.born = spawner.max, 0, spawner.now
+        self.born_at = asyncio.get_running_loop().time()
+
+    def spent(self, task: Task) -> bool:
+        """Whether the chain has lived out ``task``'s count or live (the manual: how many tasks, or
+        how long, a worker runs before it exits)."""
+        return (task.count > 0 and self.done >= task.count
+                or task.live_s > 0 and asyncio.get_running_loop().time() - self.born_at >= task.live_s)
+
+
 class LocalTarget:
     """A task's author's session (executor.py), from the pool or the one the claim started it on;
     pooled again after the group's last task on it."""
@@ -228,8 +250,6 @@ class LocalTarget:
             task.session_pid = None  # its start function sets the pid of the session it gets
         if self.session is None:
             self.session = await runner.open_session(task)
-        if self.session is not None:
-            self.session.starts(task)
         return self.session
 
     async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
@@ -252,21 +272,20 @@ class LocalTarget:
         await self.runner.completer.requeue(task)
         return False
 
-    async def complete(self, task: Task, output: str | None, error: str | None, large: bool,
+    async def complete(self, task: Task, output: str | None, error: str | None, large: bool, chain: Chain,
                        complete: Complete) -> Task | None:
         """Finish ``task`` (the claim pass that writes its finish may start the group's next task on
         this session: completer.offers) and return the group's next task for this session, or None."""
         session, finishing = self.session, self.runner.completer.finishing
-        session.tasks += 1
         keep_session = task.save
-        # a session that lived out count/live ends, as the manual's worker exits; so does one a
-        # large input went out on: libpq keeps the buffer it went out in while the session lives
-        spent = session.spent(task) or (large and not keep_session)
+        # a chain that lived out count/live ends its session, as the manual's worker exits; so
+        # does a large input: libpq keeps the buffer it went out in while the session lives
+        spent = chain.spent(task) or (large and not keep_session)
         finished, offerable = task, not spent and not task.keeps_session
         if offerable:
             finishing[task.id] = session
         try:
-            task = await complete(task, output, error, session.tasks, session.born, more=not spent)
+            task = await complete(task, output, error, more=not spent)
         finally:
             if offerable and finishing.pop(finished.id, None) is None:
                 self.session = None  # the pass that wrote its finish started another task on it
@@ -294,14 +313,10 @@ class RemoteTarget:
     def __init__(self, runner: Runner):
         self.runner = runner
         self.remote: remote.RemoteConnection | None = None
-        self.done = 0  # tasks run on this connection
-        self.born = None  # the first task's claim time (count/live count from it)
         self.tries = 1  # connections of the running task so far (see again)
 
     async def connect(self, task: Task) -> remote.RemoteConnection | None:
         runner = self.runner
-        if self.born is None:
-            self.born = task.now
         while self.remote is None:
             try:
                 self.remote, error = await remote.connect(task, runner.remote_facts, runner.entry.schema,
@@ -336,12 +351,11 @@ class RemoteTarget:
         self.tries += 1
         return True
 
-    async def complete(self, task: Task, output: str | None, error: str | None, large: bool,
+    async def complete(self, task: Task, output: str | None, error: str | None, large: bool, chain: Chain,
                        complete: Complete) -> Task | None:
-        self.done += 1
         self.tries = 1
         finished = task
-        task = await complete(finished, output, error, self.done, self.born)
+        task = await complete(finished, output, error)
         if task is not None and not finished.save and self.remote is not None and large:
             await self.drop()  # libpq keeps the buffer the input went out in while it lives
         elif task is not None and not finished.save and self.remote is not None:
