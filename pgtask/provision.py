@@ -1,6 +1,8 @@
 """Idempotent provisioning: role, database, schema, enum, table, defaults, constraints, indexes,
-triggers, the objects beside the table and the role its authors are granted. Every step checks pg_catalog first and only creates or alters what is missing or
-different; the caller gets the list of what changed (``pgtask provision --json``).
+triggers, the objects beside the table and the role its authors are granted; and, on the server,
+placeholders for the manual's settings (ensure_placeholders). Every step checks pg_catalog first and
+only creates or alters what is missing or different; the caller gets the list of what changed
+(``pgtask provision --json``).
 
 Objects a user added (columns, triggers, indexes, partitions) are never dropped or rewritten.
 """
@@ -14,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from . import sql as named
+from .config import SETTINGS
 from .names import (
     EXTRA_TABLES,
     LIVENESS_TABLES,
@@ -613,3 +616,36 @@ _IDENT = re.compile(r"^[^\x00]+$")
 def check_identifier(kind: str, value: str) -> None:
     if not value or not _IDENT.match(value) or len(value.encode()) > 63:
         raise ValueError(f"{kind} {value!r}: must be 1-63 bytes without NUL")
+
+
+# The manual's settings that ALTER SYSTEM must take from any session (see ensure_placeholders): the
+# GUC table, and pg_conf.max, which pgtask does not read; not pg_task.id, which only a task's own
+# session sets.
+PLACEHOLDERS = (*(s.name for s in SETTINGS), "pg_conf.max")
+
+
+async def ensure_placeholders(conn: psycopg.AsyncConnection, report: Report) -> None:
+    """Before PostgreSQL 17, ALTER SYSTEM SET/RESET refuses a custom setting its session does not
+    know ("unrecognized configuration parameter"), and a session knows pg_task's settings only from
+    the library that registers them, a SET of its own or the configuration files. So each of
+    PLACEHOLDERS that no configuration file names gets the placeholder '' (which pgtask reads as
+    unset) in postgresql.auto.conf, and the server reads its files again: every session knows them.
+    (A placeholder set by ALTER DATABASE / ROLE would reach only that database's or role's
+    sessions, and hide the server's value from them.) ``conn`` is autocommit: ALTER SYSTEM runs
+    outside a transaction block. Only a superuser may write them (ALTER SYSTEM, pg_file_settings),
+    and from PostgreSQL 17 on they are not needed: skipped then."""
+    cur = await conn.execute("SELECT current_setting('server_version_num')::int < 170000 "
+                             "AND current_setting('is_superuser') = 'on'")
+    if not (await cur.fetchone())[0]:
+        return
+    cur = await conn.execute("SELECT DISTINCT lower(name) FROM pg_file_settings WHERE lower(name) = ANY(%s)",
+                             (list(PLACEHOLDERS),))
+    named = {row[0] for row in await cur.fetchall()}
+    missing = [name for name in PLACEHOLDERS if name not in named]
+    if not missing:
+        return
+    for name in missing:
+        await conn.execute("SELECT set_config(%s, '', false)", (name,))  # now this session knows it
+        await conn.execute(sql.SQL("ALTER SYSTEM SET {} = ''").format(sql.Identifier(name)))
+    await conn.execute("SELECT pg_reload_conf()")
+    report.add(f"placeholder '' in postgresql.auto.conf for {', '.join(missing)}")

@@ -221,6 +221,12 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
     report = provision.Report()
     conninfo = without_timeouts(conninfo)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as admin:
+        try:
+            await provision.ensure_placeholders(admin, report)
+        except psycopg.Error as exc:
+            if failed is None or isinstance(exc, psycopg.OperationalError):
+                raise
+            log.warning("cannot give the pg_task settings their placeholders: %s", str(exc).strip())
         for entry in entries:
             try:
                 await provision.ensure_role(admin, entry.user, report)

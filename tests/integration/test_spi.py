@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from support import sessions_reset_and_idle, spi_on, wait_for
 
@@ -105,30 +104,6 @@ def test_spi_is_atomic_where_local_is_not(db, service_factory):
     # a pglast-splittable input with a COPY after a failing statement: the earlier error wins
     row = db.wait_state(db.insert("SELECT 1/0; COPY t TO STDOUT"))
     assert row["error"].startswith("ERROR:  division by zero\n"), row["error"]
-
-
-def test_alter_system_takes_effect_without_restart(db, service, cluster):
-    """ALTER SYSTEM + pg_reload_conf(): the next task runs in SPI mode, on the same service."""
-    copy = "COPY (SELECT 1) TO STDOUT"
-    row = db.wait_state(db.insert(copy))
-    assert row["error"] == f"ERROR:  COPY TO STDOUT is not supported\nSTATEMENT:  {copy}"
-    with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-        conn.execute("SET pg_task.spi = off")  # before PostgreSQL 17, ALTER SYSTEM wants a placeholder
-        conn.execute("ALTER SYSTEM SET pg_task.spi = on")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-            # a reload reaches each backend asynchronously: wait until a new session sees it
-            def sees_it():
-                with psycopg.connect(cluster.conninfo(db.name), autocommit=True) as probe:
-                    return probe.execute("SELECT current_setting('pg_task.spi', true)").fetchone()[0] == "on"
-            wait_for(sees_it, message="the reload")
-            # an idle pooled executor session applies a reload before its next query (postgres.c)
-            row = db.wait_state(db.insert(copy))
-            assert row["error"] == f"ERROR:  SPI_ERROR_COPY\nSTATEMENT:  {copy}"
-        finally:
-            conn.execute("ALTER SYSTEM RESET pg_task.spi")
-            conn.execute("SELECT pg_reload_conf()")
-    assert "pgtask running" in service.output() and service.proc.poll() is None
 
 
 @pytest.mark.parametrize("execute_as", ["login", "set_role"])
