@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import tempfile
 import threading
 import time
@@ -22,13 +21,7 @@ from pathlib import Path
 import psycopg
 
 from pgtask import provision
-from pgtask.cluster import Cluster, debian_bindir, find_bindir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pgtask.cluster import Cluster, debian_bindir, find_bindir, free_port
 
 
 def hammer(dsn: str, group: str, seconds: float, clients: int) -> tuple[float, int]:

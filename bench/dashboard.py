@@ -34,7 +34,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.run import ROOT, Bench, free_port
+from bench.run import ROOT, Bench
+from pgtask.cluster import free_port
 from pgtask.status import count, duration
 
 PROMETHEUS = ROOT / ".cache/prometheus/usr/bin/prometheus"

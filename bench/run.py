@@ -74,7 +74,6 @@ import multiprocessing
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -89,7 +88,7 @@ import psycopg
 import uvloop
 
 from pgtask import provision
-from pgtask.cluster import Cluster, debian_bindir
+from pgtask.cluster import Cluster, debian_bindir, free_port
 from pgtask.queries import PLANNER_SETTINGS, render_query
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,12 +104,6 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 # seconds between scrapes of a service with metrics on: a burst of 6,000 tasks lasts about 2 s, and
 # a 1 s scrape interval puts scrapes inside it (Prometheus's default is 60 s)
 METRICS_SCRAPE = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_status(pid: int, key: str) -> float:

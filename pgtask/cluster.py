@@ -14,6 +14,7 @@ import logging
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,14 @@ def _copy_installation(bindir: Path) -> Path:
         if not dest.exists():
             raise
     return dest / bindir.relative_to(top)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, for a throwaway cluster or an HTTP endpoint (the
+    tests', the benchmarks')."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _conf_string(value: str) -> str:

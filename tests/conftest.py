@@ -19,10 +19,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from support import Service, free_port, wait_for
+from support import Service, wait_for
 
 from pgtask import provision
-from pgtask.cluster import Cluster, debian_bindir, find_bindir
+from pgtask.cluster import Cluster, debian_bindir, find_bindir, free_port
 from pgtask.config import Entry
 from pgtask.scheduler import Options, Scheduler
 

@@ -7,7 +7,6 @@ import contextlib
 import itertools
 import os
 import signal as signals
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,12 +19,6 @@ from pgtask.executor import RESET_SESSION
 from pgtask.patterns.notebook import wait_until
 
 _counter = itertools.count()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, free_port, spi_on, wait_for, wait_for_async
+from support import Service, spi_on, wait_for, wait_for_async
 
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 from pgtask.output import Output
 from pgtask.runner import LOST_ATTEMPTS
 from pgtask.scheduler import Scheduler

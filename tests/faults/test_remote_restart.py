@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import free_port, wait_for
+from support import wait_for
 
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 
 BODY = "INSERT INTO runs VALUES (current_setting('pg_task.id')::bigint); SELECT pg_sleep({sleep})"
 SERVICE = '[pgtask]\nreset_check = 0.5\ngrace = 5\nlog_level = "debug"\nremote_backoff = 0.2\n'

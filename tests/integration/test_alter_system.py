@@ -13,9 +13,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
-from support import Service, free_port, wait_for
+from support import Service, wait_for
 
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 from pgtask.config import SETTINGS
 from pgtask.provision import PLACEHOLDERS
 

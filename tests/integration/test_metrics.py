@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import Service, free_port, wait_for
+from support import Service, wait_for
 
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 from pgtask.config import ConfigError, from_dict
 from pgtask.metrics import OTHER_GROUPS, fold_groups
 from pgtask.names import liveness_table

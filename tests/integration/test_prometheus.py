@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import free_port, wait_for
+from support import wait_for
 from test_metrics import metrics_config
+
+from pgtask.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / ".cache/prometheus/usr/bin/prometheus"

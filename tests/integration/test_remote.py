@@ -15,10 +15,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from support import free_port, wait_for
+from support import wait_for
 
 from pgtask import remote
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 
 
 @pytest.fixture

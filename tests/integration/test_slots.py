@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import Service, free_port, wait_for
+from support import Service, wait_for
 
-from pgtask.cluster import Cluster
+from pgtask.cluster import Cluster, free_port
 from pgtask.config import ConfigError, from_dict
 from pgtask.slots import derived_cap
 
