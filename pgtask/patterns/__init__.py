@@ -40,6 +40,7 @@ import psycopg
 from psycopg import sql
 
 from .. import sql as service_sql
+from ..names import ident_name
 from ..provision import Report
 
 __all__ = [
@@ -147,8 +148,7 @@ def options(pattern: str, table: str, given: dict | None = None) -> dict[str, ob
 
 def names(table: str, suffix: str) -> str:
     """The name of a pattern object: the table's name, an underscore, the suffix (63 bytes at most)."""
-    raw = f"{table}_{suffix}".encode()
-    return raw[:63].decode(errors="ignore")
+    return ident_name(f"{table}_{suffix}")
 
 
 def marker(pattern: str, schema: str, table: str, name: str) -> str:
