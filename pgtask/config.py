@@ -118,6 +118,19 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def parse_bool(value: str) -> bool | None:
+    """A boolean setting as PostgreSQL spells one (parse_bool, src/backend/utils/adt/bool.c): on/off,
+    true/false, yes/no, 1/0 in any case, and any prefix of true, false, yes, no -- of off only "of"
+    ("o" could be either). Surrounding whitespace is ignored, as by 'x'::bool. None: not a boolean."""
+    word = value.strip().lower()
+    if not word:
+        return None
+    for spelling, flag in (("true", True), ("false", False), ("yes", True), ("no", False)):
+        if spelling.startswith(word):
+            return flag
+    return {"on": True, "of": False, "off": False, "1": True, "0": False}.get(word)
+
+
 ENTRY_KEYS = {"data": str, "user": str, "schema": str, "table": str, "sleep": int, "reset": str,
               "run": int, "spi": bool}
 

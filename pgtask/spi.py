@@ -24,6 +24,7 @@ import pglast
 from psycopg import pq
 
 from . import wire
+from .config import parse_bool
 from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, simple_error
 
 E = pq.ExecStatus
@@ -42,16 +43,6 @@ SETTING_SET_ROLE = """SELECT coalesce((
     WHERE c LIKE 'pg\\_task.spi=%' AND s.setrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
       AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
     ORDER BY s.setdatabase DESC LIMIT 1), nullif(current_setting('pg_task.spi', true), ''))"""
-
-TRUE = {"on", "true", "yes", "1", "t", "tr", "tru", "y", "ye"}
-FALSE = {"off", "false", "no", "0", "f", "fa", "fal", "fals", "n", "of"}
-
-
-def parse_bool(value: str) -> bool | None:
-    """PostgreSQL's boolean input (parse_bool): None when the value is not one."""
-    low = value.strip().lower()
-    return True if low in TRUE else False if low in FALSE else None
-
 
 def setting(set_role: bool) -> str:
     """An expression: the author's effective pg_task.spi (NULL: not set)."""

@@ -201,12 +201,9 @@ def _convert(name: str, raw: str) -> Any:
         if kind == "int":
             return int(raw)
         if kind == "bool":
-            low = raw.strip().lower()
-            if low in ("on", "true", "yes", "1", "t", "y"):
-                return True
-            if low in ("off", "false", "no", "0", "f", "n"):
-                return False
-            raise ValueError(raw)
+            if (flag := cfgmod.parse_bool(raw)) is None:
+                raise ValueError(raw)
+            return flag
         if kind == "json":
             return cfgmod.parse_entries(json.loads(raw), name)
     except (ValueError, json.JSONDecodeError):
