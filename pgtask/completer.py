@@ -112,14 +112,14 @@ class Completer:
         self._count_finish(task, error, bool(written))
         if alone:
             return  # released by _finish_one
-        if not written:
-            log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
         # written by a claim pass: that pass claimed after it, counting its room (see claim.Claimer.claim_pass),
         # and a pass now would find nothing more
         self.release(task, wake=not task.by_pass)
 
     def _count_finish(self, task: Task, error: str | None, written: bool) -> None:
+        """A finish in the metrics; one not written (its lease lost) in the log too."""
         if not written:
+            log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
             self.metrics.lease_lost()
             return
         state = "STOP" if task.stopped else "DONE" if error is None else "FAIL"
@@ -344,8 +344,8 @@ class Completer:
     async def _finish_one(self, task: Task, output: str | None, error: str | None,
                           release: bool = True) -> bool | str:
         """One task's finish in its own transaction (negative max, or a batch that failed).
-        Returns False when the lease was lost (logged and released here when ``release``), REFUSED
-        when the database refused the finish and the failure (see _write_refused)."""
+        Returns False when the lease was lost (released here when ``release``; _count_finish logs
+        it), REFUSED when the database refused the finish and the failure (see _write_refused)."""
         params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
         backoff = Backoff()
         refused = 0
@@ -394,8 +394,6 @@ class Completer:
         if lost and retried:
             lost = task.id not in await self._finished_already([(task, task.deleted_by(output, error))])
         if release:
-            if lost:
-                log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
             self.release(task)
         return not lost
 
@@ -418,8 +416,6 @@ class Completer:
                 retried = retried or isinstance(exc, psycopg.OperationalError)
                 continue
             lost = row is None and not (retried and await self._finished_already([(task, False)]))
-            if lost:
-                log.warning("task %s: lease lost (attempt %s): result dropped", task.id, task.attempt)
             self._count_finish(task, params["error"], not lost)
             self.release(task)
             return
