@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -22,6 +24,7 @@ from .queries import FINISH_PARAMS, FLUSH_PARAMS, Queries, finish_arrays
 from .task import FinishWrite, InFlight, Lifecycle, StartWrite, Task, Write
 
 log = logging.getLogger("pgtask.completer")
+T = TypeVar("T")
 
 REFUSED = "refused"  # a finish the database refused, its failure too (see Completer._finish_one)
 
@@ -136,27 +139,43 @@ class Completer:
     async def write(self, name: str, params: dict, fetch: bool = True):
         """The named statement ``name`` on a writer, tried again while the connection is lost (unless
         the service stops): its first row when ``fetch``."""
+        async def statement(conn: Connection):
+            cur = await conn.execute(self.queries.text(name), params)
+            return await cur.fetchone() if fetch else None
+
+        row, _ = await self._on_writer(statement, f"{name}: write", once_per_outage=True)
+        return row
+
+    async def _on_writer(self, statements: Callable[[Connection], Awaitable[T]], what: str, *,
+                         once_per_outage: bool = False, stops_with_service: bool = True) -> tuple[T, bool]:
+        """``statements`` on a writer connection, run again on another one while the connection is
+        lost -- unless the service stops (and does not drain), when ``stops_with_service``: (their
+        result, whether they ran again: an earlier try may have committed, only its answer lost)."""
         backoff = Backoff()
+        retried = False
         while True:
             try:
                 async with self.writers.connection() as conn:
-                    cur = await conn.execute(self.queries.text(name), params)
-                    row = await cur.fetchone() if fetch else None
-                if self.writes_failing:
-                    self.writes_failing = False
-                    log.info("%s: writes go through again", self.label)
-                return row
+                    result = await statements(conn)
             except psycopg.OperationalError as exc:
-                if self.life.stopping and not self.life.draining:
+                if stops_with_service and self.life.stopping and not self.life.draining:
                     raise
                 delay = backoff.next()
-                # One warning per outage: during a failover every task whose session was lost waits
-                # here, each retrying on its own; the rest of their retries are logged at debug.
-                level = logging.DEBUG if self.writes_failing else logging.WARNING
-                self.writes_failing = True
-                log.log(level, "%s: write failed (%s); retrying in %.1fs%s", name, exc, delay,
-                        "" if level == logging.DEBUG else " (until writes go through again, further failures at debug)")
+                # One warning per outage (once_per_outage: each task's own write): during a failover
+                # every task whose session was lost waits here, each retrying on its own; the rest
+                # of their retries are logged at debug.
+                quiet = once_per_outage and self.writes_failing
+                self.writes_failing = self.writes_failing or once_per_outage
+                log.log(logging.DEBUG if quiet else logging.WARNING, "%s failed (%s); retrying in %.1fs%s",
+                        what, exc, delay, " (until writes go through again, further failures at debug)"
+                        if once_per_outage and not quiet else "")
                 await asyncio.sleep(delay)
+                retried = True
+                continue
+            if once_per_outage and self.writes_failing:
+                self.writes_failing = False
+                log.info("%s: writes go through again", self.label)
+            return result, retried
 
     # -- the claim pass's seam -----------------------------------------------------------------
     def take_for_pass(self) -> list[Write]:
@@ -289,40 +308,34 @@ class Completer:
             "sync": "on" if finishes else "off"}
         deletes = [w.task for w in finishes if w.deletes]
         repeats = any(w.task.repeats for w in finishes)
-        backoff = Backoff()
-        retried = False
-        while True:
-            try:
-                async with self.writers.connection() as conn:
-                    if repeats:
-                        await self.queries.refresh_columns(conn)  # a repeat copies the columns the table has now
-                    if deletes:
-                        async with conn.transaction():
-                            cur = await conn.execute(self.queries.text("flush"), params)
-                            matched = set(await cur.fetchall())
-                            await conn.execute(self.queries.text("flush_delete"), {
-                                "id": [t.id for t in deletes], "attempt": [t.attempt for t in deletes],
-                                "lease": [t.lease for t in deletes]})
-                    elif works or repeats:
-                        matched = await self.queries.run_flush(conn, "flush", FLUSH_PARAMS, params)
-                    else:
-                        matched = await self.queries.run_flush(conn, "flush_finish", FINISH_PARAMS, params)
-                break
-            except psycopg.OperationalError as exc:
-                if self.life.stopping and not self.life.draining:
-                    raise
-                delay = backoff.next()
-                log.warning("flush failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                retried = True
-            except psycopg.Error as exc:
-                log.info("batched write failed (%s); writing its %d rows one by one", str(exc).strip(),
-                         len(batch))
-                for w in works:
-                    w.done.set_result(await self.write("work", {**w.task.fence, "pid": w.pid}) is not None)
-                for w in finishes:
-                    w.done.set_result(await self._finish_one(w.task, w.output, w.error, release=False))
-                return
+
+        async def statements(conn: Connection) -> set:
+            if repeats:
+                await self.queries.refresh_columns(conn)  # a repeat copies the columns the table has now
+            if deletes:
+                async with conn.transaction():
+                    cur = await conn.execute(self.queries.text("flush"), params)
+                    matched = set(await cur.fetchall())
+                    await conn.execute(self.queries.text("flush_delete"), {
+                        "id": [t.id for t in deletes], "attempt": [t.attempt for t in deletes],
+                        "lease": [t.lease for t in deletes]})
+                return matched
+            if works or repeats:
+                return await self.queries.run_flush(conn, "flush", FLUSH_PARAMS, params)
+            return await self.queries.run_flush(conn, "flush_finish", FINISH_PARAMS, params)
+
+        try:
+            matched, retried = await self._on_writer(statements, "flush")
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            log.info("batched write failed (%s); writing its %d rows one by one", str(exc).strip(),
+                     len(batch))
+            for w in works:
+                w.done.set_result(await self.write("work", {**w.task.fence, "pid": w.pid}) is not None)
+            for w in finishes:
+                w.done.set_result(await self._finish_one(w.task, w.output, w.error, release=False))
+            return
         if retried:
             unmatched = [(w.task, w.task in deletes) for w in finishes if (w.KIND, w.task.id) not in matched]
             matched |= {(FinishWrite.KIND, i) for i in await self._finished_already(unmatched)}
@@ -347,30 +360,29 @@ class Completer:
         Returns False when the lease was lost (released here when ``release``; _count_finish logs
         it), REFUSED when the database refused the finish and the failure (see _write_refused)."""
         params = {**task.fence, "output": output, "error": error, "group": task.group, "remote": task.remote}
-        backoff = Backoff()
         refused = 0
-        row = None
         retried = False
+
+        async def statements(conn: Connection):
+            if task.repeats:
+                await self.queries.refresh_columns(conn)
+            async with conn.transaction():
+                cur = await conn.execute(self.queries.text("finish"), params)
+                row = await cur.fetchone()
+                if row is not None and refused == 0:
+                    await conn.execute(self.queries.text("finish_repeat"), params)
+                    if task.deleted_by(output, error):
+                        await conn.execute(self.queries.text("finish_delete"), params)
+                    if task.max < 0:
+                        await conn.execute(self.queries.text("finish_pause"), params)
+            return row
+
         while True:
             try:
-                async with self.writers.connection() as conn:
-                    if task.repeats:
-                        await self.queries.refresh_columns(conn)
-                    async with conn.transaction():
-                        cur = await conn.execute(self.queries.text("finish"), params)
-                        row = await cur.fetchone()
-                        if row is not None and refused == 0:
-                            await conn.execute(self.queries.text("finish_repeat"), params)
-                            if task.deleted_by(output, error):
-                                await conn.execute(self.queries.text("finish_delete"), params)
-                            if task.max < 0:
-                                await conn.execute(self.queries.text("finish_pause"), params)
+                row, again = await self._on_writer(statements, f"task {task.id}: finish",
+                                                   stops_with_service=False)
+                retried = retried or again
                 break
-            except psycopg.OperationalError as exc:
-                delay = backoff.next()
-                log.warning("task %s: finish failed (%s); retrying in %.1fs", task.id, exc, delay)
-                await asyncio.sleep(delay)
-                retried = True
             except psycopg.Error as exc:
                 # Something in the database (a user's trigger on the table, most likely) refused the
                 # finish. Record why, without repeat/delete/pause. If even that is refused, the task
