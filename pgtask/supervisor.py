@@ -25,6 +25,7 @@ from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
 from .scheduler import Options, Scheduler
+from .supervise import Every, supervised
 
 log = logging.getLogger("pgtask.supervisor")
 
@@ -426,21 +427,21 @@ class Supervisor:
         log.info("scheduler started: %s (sleep %d ms)", entry.label(), entry.sleep)
 
     async def guard(self, sched: Scheduler) -> None:
-        """Run a scheduler; if it dies, restart it after pg_work.restart seconds."""
-        while True:
-            try:
-                await sched.run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("%s: scheduler failed: %s; restarting in %ss", sched.entry.label(), exc,
-                          self.restart_after, exc_info=not isinstance(exc, psycopg.OperationalError))
-                await sched.close()
-                await asyncio.sleep(self.restart_after)
-                fresh = Scheduler(sched.entry, self.conninfo, sched.options)
-                self.schedulers[sched.entry.key] = (fresh, asyncio.current_task())
-                sched = fresh
+        """Run a scheduler until it is drained; if it fails, close it and run a new one (fresh
+        connections and state) after pg_work.restart seconds."""
+        current = sched
+
+        async def replace() -> None:
+            nonlocal current
+            await current.close()
+            # registered before the wait, so that a drain meanwhile stops it from starting
+            current = Scheduler(current.entry, self.conninfo, current.options)
+            self.schedulers[current.entry.key] = (current, asyncio.current_task())
+
+        await supervised(f"{sched.entry.label()}: scheduler", lambda: current.run(),
+                         lambda: current.life.stopping, Every(lambda: self.restart_after), log,
+                         traceback=lambda exc: not isinstance(exc, psycopg.OperationalError),
+                         before_restart=replace)
 
     def health(self) -> list[str]:
         """What keeps the service from claiming (the metrics endpoint's /healthz): a scheduler not
