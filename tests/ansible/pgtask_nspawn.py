@@ -31,8 +31,8 @@ PACKAGES = [
 ]
 # Bump when the recipe below changes in a way the package list does not show.
 RECIPE_VERSION = "1"
-# What the HA hosts add (tests/ansible/test_ha.py): Patroni with its etcd client, etcd itself.
-HA_PACKAGES = ["patroni", "python3-etcd", "etcd-server", "etcd-client"]
+# What the HA hosts add (tests/ansible/test_ha.py): etcd. Patroni comes from the role's wheelhouse.
+HA_PACKAGES = ["etcd-server", "etcd-client"]
 
 
 def recipe_hash(extra: tuple[str, ...] = ()) -> str:

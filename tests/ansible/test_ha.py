@@ -1,9 +1,11 @@
 """High availability for real: three database hosts running PostgreSQL under Patroni with etcd, two
 scheduler hosts, all booted with systemd-nspawn and rolled out by the playbook (docs/ha.md).
 
-The hosts share one network namespace made for this module (nothing but its loopback): each binds
-its own 127.0.39.x, so they reach one another and nothing else. The test process joins it in a few
-threads of its own (setns(2)) to query the cluster.
+Each host has a network namespace of its own, made for this module, whose one link (a veth) goes to
+a bridge in another namespace the module makes: a switch with a port per host, on 10.39.0.0/24,
+reaching nothing else. The test process joins the switch's namespace in a few threads of its own
+(setns(2)) to query the cluster, and cuts a host off by taking its port down (its link goes down,
+its processes and sockets stay).
 
 In order: the rollout (a leader, its synchronous standby, both schedulers claiming), then a rolling
 upgrade of the schedulers (one host at a time, drained) and faults under a steady load -- ≥ 2,000 tasks over 20 groups, each writing its id to a ledger in its own transaction:
@@ -27,6 +29,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +45,10 @@ pytestmark = [pytest.mark.ha, pytest.mark.timeout(1500)]
 
 DB_HOSTS = ["db1", "db2", "db3"]
 SCHEDULER_HOSTS = ["sched1", "sched2"]
-ADDRESS = {"db1": "127.0.39.11", "db2": "127.0.39.12", "db3": "127.0.39.13",
-           "sched1": "127.0.39.21", "sched2": "127.0.39.22"}
+# in the module's own namespaces only (see Network)
+SUBNET = "10.39.0"
+ADDRESS = {"db1": f"{SUBNET}.11", "db2": f"{SUBNET}.12", "db3": f"{SUBNET}.13",
+           "sched1": f"{SUBNET}.21", "sched2": f"{SUBNET}.22"}
 PASSWORD = "pgtask-ha-test-password"
 REPLICATION_PASSWORD = "pgtask-ha-test-replication"
 CLUSTER_DSN = (f"host={','.join(ADDRESS[h] for h in DB_HOSTS)} port=5432 dbname=postgres user=postgres "
@@ -58,7 +63,8 @@ class InNetns:
     """Calls run in threads that live in the hosts' network namespace (setns(2) moves one thread)."""
 
     def __init__(self, path: str):
-        self.pool = ThreadPoolExecutor(max_workers=3, initializer=self._enter, initargs=(path,),
+        # two for the background clients (Writer), the rest for the test's own queries
+        self.pool = ThreadPoolExecutor(max_workers=5, initializer=self._enter, initargs=(path,),
                                        thread_name_prefix="netns")
 
     @staticmethod
@@ -73,6 +79,16 @@ class InNetns:
 
     def __call__(self, fn, *args, **kwargs):
         return self.pool.submit(fn, *args, **kwargs).result()
+
+    def start(self, fn, *args, **kwargs):
+        return self.pool.submit(fn, *args, **kwargs)
+
+
+def cluster_dsn(first: list[str]) -> str:
+    """The cluster's DSN trying the hosts ``first`` before the others (a cut host costs its
+    connect_timeout to every connection that tries it first)."""
+    order = first + [h for h in DB_HOSTS if h not in first]
+    return CLUSTER_DSN.replace(",".join(ADDRESS[h] for h in DB_HOSTS), ",".join(ADDRESS[h] for h in order))
 
 
 def _query(sql: str, params=None, dsn: str = CLUSTER_DSN) -> list[tuple]:
@@ -91,38 +107,88 @@ def ha_rootfs():
     reason = nspawn.cannot_boot_reason()
     if reason:
         pytest.skip(reason)
-    if shutil.which("ip") is None:
-        pytest.skip("the hosts' network namespace needs ip (iproute2)")
+    if shutil.which("ip") is None:  # scripts/bootstrap installs it for root
+        pytest.fail("the hosts' network namespaces need ip (iproute2): run scripts/bootstrap test")
     return nspawn.build_rootfs(log=print, extra=tuple(nspawn.HA_PACKAGES))
 
 
+class Network:
+    """The switch (a bridge in a namespace of its own, where the test's threads live) and one
+    namespace per host, linked to it by a veth: ``cut`` takes a host's port down, ``heal`` brings it
+    back. Packets to and from a cut host are dropped without a word, as on a cable pulled out."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.switch = f"{prefix}-switch"
+        self.names: list[str] = []
+
+    def ip(self, *args: str, ns: str | None = None) -> None:
+        subprocess.run(["ip", *(["-n", ns] if ns else []), *args], check=True)
+
+    def add(self, name: str) -> str:
+        self.ip("netns", "add", name)
+        self.names.append(name)
+        self.ip("link", "set", "lo", "up", ns=name)
+        return f"/run/netns/{name}"
+
+    def make(self, hosts: dict[str, str]) -> None:
+        self.add(self.switch)
+        self.ip("link", "add", "br0", "type", "bridge", ns=self.switch)
+        self.ip("addr", "add", f"{SUBNET}.1/24", "dev", "br0", ns=self.switch)
+        self.ip("link", "set", "br0", "up", ns=self.switch)
+        for alias, address in hosts.items():
+            ns = f"{self.prefix}-{alias}"
+            self.add(ns)
+            self.ip("link", "add", self.port(alias), "type", "veth", "peer", "name", "eth0", "netns", ns,
+                    ns=self.switch)
+            self.ip("link", "set", self.port(alias), "master", "br0", "up", ns=self.switch)
+            self.ip("addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
+            self.ip("link", "set", "eth0", "up", ns=ns)
+
+    def path(self, alias: str | None = None) -> str:
+        return f"/run/netns/{self.prefix}-{alias}" if alias else f"/run/netns/{self.switch}"
+
+    @staticmethod
+    def port(alias: str) -> str:
+        return f"port-{alias}"
+
+    def cut(self, alias: str) -> None:
+        self.ip("link", "set", self.port(alias), "down", ns=self.switch)
+
+    def heal(self, alias: str) -> None:
+        self.ip("link", "set", self.port(alias), "up", ns=self.switch)
+
+    def remove(self) -> None:
+        for name in reversed(self.names):
+            subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 @pytest.fixture(scope="module")
-def netns():
-    name = f"pgtask-ha-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
+def network():
+    network = Network(f"pgtask-ha-{os.getpid()}")
     try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield f"/run/netns/{name}"
+        network.make(ADDRESS)
+        yield network
     finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+        network.remove()
 
 
 @pytest.fixture(scope="module")
-def net(netns):
-    runner = InNetns(netns)
+def net(network):
+    runner = InNetns(network.path())
     yield runner
     runner.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
-def hosts(ha_rootfs, netns):
+def hosts(ha_rootfs, network):
     """The five hosts, booted; the scheduler hosts run no database of their own."""
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         booted = {}
         for alias in DB_HOSTS + SCHEDULER_HOSTS:
             booted[alias] = stack.enter_context(
-                nspawn.Container(ha_rootfs, f"pgtask-ha-{alias}-{os.getpid()}", netns=netns))
+                nspawn.Container(ha_rootfs, f"pgtask-ha-{alias}-{os.getpid()}", netns=network.path(alias)))
         for alias in SCHEDULER_HOSTS:
             booted[alias].sh("systemctl disable --now -q postgresql etcd")
         print(f"5 hosts booted in {time.monotonic() - started:.1f} s")
@@ -163,6 +229,9 @@ def inventory(hosts, wheelhouse, **extra_vars) -> dict:
                     "pgtask_patroni_replication_password": REPLICATION_PASSWORD,
                     # two schedulers with up to 40 executor sessions each, and their own connections
                     "pgtask_patroni_dcs": {"postgresql": {"parameters": {"max_connections": 200}}},
+                    # the schedulers and the test's clients, from their own hosts
+                    "pgtask_postgresql_hba": [{"type": "host", "database": "all", "user": "postgres",
+                                               "address": f"{SUBNET}.0/24", "method": "scram-sha-256"}],
                 },
             },
             "pgtask_scheduler": {
@@ -363,6 +432,8 @@ def under_load(net, name: str, fault, timeout: float = 300, sleep: float = SLEEP
         lines = logged(host, began, done_at)
         print(f"[{name}] {host.name}: {len(lines)} log lines from the fault to all done, "
               f"{sum(' WARNING ' in line for line in lines)} warnings, {sum(' ERROR ' in line for line in lines)} errors")
+        for line in [line for line in lines if " ERROR " in line][:5]:
+            print(f"[{name}] {host.name}: {line}")
         assert not any("Traceback" in line for line in lines), "\n".join(lines[-80:])
     assert not f["lost"], f"{name}: {len(f['lost'])} tasks never ran: {f['lost'][:20]}"
     assert not f["unexplained"], f"{name}: ran twice without a run cut off by the fault: {f['unexplained']}"
@@ -410,6 +481,200 @@ def test_etcd_member_lost(hosts, net):
     assert leader(net, DB_HOSTS) == leader_before
     assert not f["twice"]
     print(f"etcd on {leader_before} (the leader's host) lost for 40 s: the leader stayed")
+
+
+# -- a network partition ------------------------------------------------------------------------
+
+PARTITION = 90      # s the leader's link stays down: longer than the failover takes
+RESUME_GOAL = 60    # s from the cut until tasks finish again (docs/ha.md adds up its terms)
+REJOIN_BOUND = 120  # s from the heal until the old leader streams as a standby again
+PATRONI = "systemctl {} patroni@15-main"
+
+
+def member_dsn(alias: str) -> str:
+    return f"host={ADDRESS[alias]} port=5432 dbname=postgres user=postgres connect_timeout=2"
+
+
+def write_acknowledged(stop: threading.Event, acked: list[tuple[int, float]], dsn: str) -> None:
+    """A client beside the schedulers: one INSERT a second, each on a new connection through the
+    cluster's DSN; a number is acknowledged once its commit returned. Nothing cancels a commit
+    that waits (a cancelled wait for the synchronous standby would still commit locally)."""
+    n = 0
+    while not stop.is_set():
+        n, began = n + 1, time.time()
+        with contextlib.suppress(psycopg.Error):
+            with psycopg.connect(dsn + " tcp_user_timeout=5000 keepalives_idle=2 keepalives_interval=1",
+                                 password=PASSWORD, autocommit=True) as conn:
+                conn.execute("INSERT INTO acked (n) VALUES (%s)", (n,))
+            acked.append((n, time.time()))
+        stop.wait(max(0.0, 1.0 - (time.time() - began)))
+
+
+def local_sql(host, sql: str, timeout: float = 10) -> str:
+    """``sql`` on the host's own server, over its socket (whatever its network)."""
+    return host.sh(f"runuser -u postgres -- psql -XAtq -h /var/run/postgresql -c \"{sql}\"",
+                   check=False, timeout=timeout).stdout.strip()
+
+
+def test_leader_partition(hosts, net, network):
+    """The leader's link goes down for longer than the failover takes, its host stays up, then the
+    link comes back. Meanwhile tasks finish again on the promoted standby within RESUME_GOAL of
+    the cut, a client beside the schedulers keeps writing, and a client on the isolated host writes
+    into its own server. After the heal: the promoted leader keeps the lead, the old one rejoins as
+    a standby within REJOIN_BOUND, a synchronous standby is back, every completion and every write
+    the new leader acknowledged is there, and nothing written on the isolated side is."""
+    old = leader(net, DB_HOSTS)
+    assert old, cluster_state(net, DB_HOSTS)
+    others = [a for a in DB_HOSTS if a != old]
+    net(_query, "CREATE TABLE IF NOT EXISTS acked (n int PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+    net(_query, "CREATE TABLE IF NOT EXISTS isolated (n int PRIMARY KEY)")
+    net(_query, "TRUNCATE acked, isolated")
+    seen: dict = {}
+
+    def fault():
+        stop, acked = threading.Event(), []
+        writer = net.start(write_acknowledged, stop, acked, cluster_dsn(others))
+        cut = seen["cut"] = time.time()
+        network.cut(old)
+        # the isolated side: a write a second into the old leader's own server, none acknowledged
+        hosts[old].sh(f"setsid sh -c 'i=0; while [ $(date +%s) -lt {int(cut + PARTITION - 5)} ]; do i=$((i+1)); "
+                      "timeout 3 runuser -u postgres -- psql -XAtq -h /var/run/postgresql "
+                      "-c \"INSERT INTO isolated VALUES ($i)\"; sleep 1; done' >/dev/null 2>&1 < /dev/null &")
+        new = seen["new"] = wait_for(lambda: (lead := leader(net, others)) not in (None, old) and lead, PARTITION,
+                                     "a standby to be promoted while the leader is cut off", interval=0.5)
+        seen["promoted"] = time.time() - cut
+        resumed = f"SELECT count(*) FROM ledger WHERE at > to_timestamp({cut})"
+        wait_for(lambda: net(_query, resumed, dsn=member_dsn(new))[0][0] > 0, cut + PARTITION - time.time(),
+                 "tasks to finish on the new leader", interval=0.5)
+        seen["resumed"] = time.time() - cut
+        # the partition lasts its whole length; what the new leader has then must survive the heal
+        wait_for(lambda: time.time() >= cut + PARTITION, PARTITION, "the partition's end", interval=1)
+        seen["done"] = {r[0] for r in net(_query, "SELECT id FROM task WHERE state = 'DONE'", dsn=member_dsn(new))}
+        seen["ledger"] = net(_query, "SELECT count(*) FROM ledger", dsn=member_dsn(new))[0][0]
+        seen["isolated"] = int(wait_for(lambda: local_sql(hosts[old], "SELECT count(*) FROM isolated").isdigit()
+                                        and local_sql(hosts[old], "SELECT count(*) FROM isolated"), 30,
+                                        "the isolated server to answer on its socket"))
+        stop.set()
+        seen["acked"] = [n for n, at in acked if at > cut]
+        network.heal(old)
+        seen["healed"] = time.time()
+        writer.result(timeout=30)
+
+    f = under_load(net, "leader-partition", fault, sleep=2.0, timeout=420, watch=[hosts[a] for a in SCHEDULER_HOSTS])
+    new = seen["new"]
+
+    def rejoined():
+        state = members(net, DB_HOSTS)
+        assert leader(net, DB_HOSTS) in (None, new), cluster_state(net, DB_HOSTS)
+        return state.get(old) in ("replica", "sync_standby") and any(
+            m["name"] == old and m["state"] in ("running", "streaming")
+            for m in (cluster_state(net, DB_HOSTS) or {}).get("members", [])) and state
+    wait_for(rejoined, max(1.0, seen["healed"] + REJOIN_BOUND - time.time()), f"{old} to rejoin as a standby", interval=1)
+    rejoin = time.time() - seen["healed"]
+    wait_for(lambda: "sync_standby" in members(net, DB_HOSTS).values(), 60, "a synchronous standby")
+    assert leader(net, DB_HOSTS) == new
+    done_now = {r[0] for r in net(_query, "SELECT id FROM task WHERE state = 'DONE'")}
+    acked_now = {r[0] for r in net(_query, "SELECT n FROM acked")}
+    print(f"[leader-partition] {old} cut off for {PARTITION} s: {new} promoted after {seen['promoted']:.1f} s, "
+          f"tasks finished again after {seen['resumed']:.1f} s; {len(seen['acked'])} writes acknowledged by the "
+          f"new leader during the partition, {seen['isolated']} committed on the isolated side; {old} a standby "
+          f"again {rejoin:.1f} s after the heal")
+    assert f["pause"] <= RESUME_GOAL and seen["resumed"] <= RESUME_GOAL, (f["pause"], seen["resumed"])
+    assert seen["done"] <= done_now, sorted(seen["done"] - done_now)[:20]
+    assert net(_query, "SELECT count(*) FROM ledger")[0][0] >= seen["ledger"]
+    assert seen["acked"] and set(seen["acked"]) <= acked_now, sorted(set(seen["acked"]) - acked_now)
+    assert seen["isolated"] >= 1, "no write reached the isolated server: the test proves nothing of it"
+    assert net(_query, "SELECT count(*) FROM isolated") == [(0,)]
+
+
+def test_remote_tasks_on_a_host_cut_off_fail_within_the_bound(hosts, net, network):
+    """Remote tasks run on the asynchronous replica's server (a standby runs pg_sleep); that host's
+    link goes down. Each task's connection is found dead within the service's bound (keepalives and
+    tcp_user_timeout: about 10 s) and the task FAILs with `PQconsumeInput failed` -- its input was
+    sent, so it may have run: pg_task's rule -- instead of hanging for the kernel's 15 minutes."""
+    target = next(n for n, r in members(net, DB_HOSTS).items() if r == "replica")
+    remote = (f"host={ADDRESS[target]} port=5432 dbname=postgres user=postgres password={PASSWORD} "
+              "connect_timeout=2")
+    ids = [r[0] for r in net(_query, """INSERT INTO task (input, remote, "group")
+                                        SELECT 'SELECT pg_sleep(600)', %s, 'remote-cut-' || i
+                                        FROM generate_series(1, 3) i RETURNING id""", (remote,))]
+    sleeping = ("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%SELECT pg_sleep(600)' "
+                "AND pid <> pg_backend_pid()")
+    wait_for(lambda: net(_query, sleeping, dsn=member_dsn(target)) == [(3,)], 60, "the remote tasks to run")
+    cut = time.time()
+    network.cut(target)
+    try:
+        ended = wait_for(lambda: (rows := net(_query, "SELECT state, error FROM task WHERE id = ANY(%s) "
+                                                      "AND state <> 'WORK'", (ids,))) and len(rows) == 3 and rows,
+                         60, "the remote tasks to end", interval=0.5)
+        took = time.time() - cut
+    finally:
+        network.heal(target)
+    print(f"[remote-cut] {target} cut off under 3 remote tasks: all ended {took:.1f} s after the cut")
+    assert all(state == "FAIL" and "PQconsumeInput failed" in error for state, error in ended), ended
+    wait_for(lambda: members(net, DB_HOSTS).get(target) in ("replica", "sync_standby"), 120, f"{target} back")
+
+
+def commit_waits(net, alias: str, seconds: float) -> tuple[bool, object]:
+    """Start a commit on ``alias``'s server; whether it is still waiting after ``seconds``, and the
+    future of its end."""
+    done = net.start(_query, "INSERT INTO acked (n) SELECT coalesce(max(n), 0) + 1 FROM acked", dsn=member_dsn(alias))
+    with contextlib.suppress(TimeoutError):
+        done.result(timeout=seconds)
+    return not done.done(), done
+
+
+def stop_standbys(hosts, net, lead: str) -> list[str]:
+    standbys = [a for a in DB_HOSTS if a != lead]
+    for alias in standbys:
+        hosts[alias].sh(PATRONI.format("stop"))  # Patroni stops its PostgreSQL
+    wait_for(lambda: net(_query, "SELECT count(*) FROM pg_stat_replication", dsn=member_dsn(lead)) == [(0,)], 60,
+             "the standbys to be gone")
+    return standbys
+
+
+def start_standbys(hosts, net, standbys: list[str]) -> None:
+    for alias in standbys:
+        hosts[alias].sh(PATRONI.format("start"))
+    wait_for(lambda: sorted(members(net, DB_HOSTS).values()) == ["leader", "replica", "sync_standby"], 180,
+             "both standbys back, one synchronous")
+
+
+def test_strict_synchronous_mode_never_acknowledges_a_commit_on_one_host(hosts, net):
+    """The default (pgtask_patroni_synchronous_mode_strict): with both standbys gone a commit on the
+    leader waits -- for longer than Patroni's loop, which in non-strict mode would let it go alone --
+    and returns once a standby is back."""
+    lead = leader(net, DB_HOSTS)
+    standbys = stop_standbys(hosts, net, lead)
+    waiting, done = commit_waits(net, lead, 25)
+    try:
+        assert waiting, "a commit returned with no standby to have it"
+        assert net(_query, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+                           "AND query LIKE 'INSERT INTO acked%'", dsn=member_dsn(lead)) == [(1,)]
+    finally:
+        start_standbys(hosts, net, standbys)
+    done.result(timeout=60)
+
+
+def test_non_strict_synchronous_mode_goes_on_alone(hosts, deploy, net):
+    """pgtask_patroni_synchronous_mode_strict: false, applied by the playbook to the running cluster:
+    with both standbys gone the leader commits alone (after Patroni's next loop); the default comes
+    back with the next run."""
+    for strict in (False, True):
+        run = deploy(pgtask_patroni_synchronous_mode_strict=strict)
+        assert_ok(run)
+        assert "pgtask : Apply synchronous mode to the running cluster" in run.changed_tasks(), run.changed_tasks()
+        config = json.loads(net(_http, f"http://{ADDRESS[leader(net, DB_HOSTS)]}:8008/config"))
+        assert config["synchronous_mode_strict"] is strict, config
+        if not strict:
+            lead = leader(net, DB_HOSTS)
+            standbys = stop_standbys(hosts, net, lead)
+            try:
+                # released by Patroni's next loop (loop_wait 10 s) after the standbys' loss
+                waiting, _ = commit_waits(net, lead, 30)
+                assert not waiting, "a commit still waits for a standby in non-strict mode"
+            finally:
+                start_standbys(hosts, net, standbys)
 
 
 def test_scheduler_host_powered_off(hosts, net):

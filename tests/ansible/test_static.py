@@ -334,6 +334,16 @@ def test_postgresql_checks_refuse(tmp_path, var, value, named):
     preflight_refuses(run, named)
 
 
+@pytest.mark.parametrize("version", ["3.0.2", "4.1", "4.1.5; rm -rf /"])
+def test_patroni_older_than_the_leader_key_fix_is_refused(tmp_path, version):
+    """Patroni before 3.0.3 could write the etcd leader key from a stale view after a partition
+    (docs/ha.md): the role refuses it, and anything that is not a release number, before installing."""
+    run = role_play(tmp_path, "patroni", pgtask_manage_postgresql=True, pgtask_patroni=True,
+                    pgtask_patroni_superuser_password="x", pgtask_patroni_replication_password="y",
+                    pgtask_patroni_address="10.0.0.1", pgtask_patroni_version=version)
+    preflight_refuses(run, "pgtask_patroni_version", "3.0.3")
+
+
 def test_postgresql_files_quote_what_postgresql_reads(pg):
     roles = ['my role', 'o"brien', 'all', '+admins', 'x#y']
     hba = [{"type": "host", "database": "all", "user": 'postgres,"my role","o""brien"',
