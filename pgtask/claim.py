@@ -264,7 +264,7 @@ class Claimer:
         return len(tasks), next_in, room > len(tasks) and (not due or len(tasks) >= self.options.limit)
 
     # The statistics are looked at (_check_statistics) no more often than STATISTICS_EVERY seconds;
-
+    # the table is analyzed when at least STATISTICS_DUE rows are due and the statistics count fewer
     # PLAN rows than are due (counted up to STATISTICS_BOUND); the claim waits up to ANALYZE_WAIT
     # seconds for the ANALYZE.
     STATISTICS_EVERY = 60.0
