@@ -633,19 +633,32 @@ async def ensure_placeholders(conn: psycopg.AsyncConnection, report: Report) -> 
     (A placeholder set by ALTER DATABASE / ROLE would reach only that database's or role's
     sessions, and hide the server's value from them.) ``conn`` is autocommit: ALTER SYSTEM runs
     outside a transaction block. Only a superuser may write them (ALTER SYSTEM, pg_file_settings),
-    and from PostgreSQL 17 on they are not needed: skipped then."""
+    and from PostgreSQL 17 on they are not needed: skipped then.
+
+    postgresql.auto.conf is read last: a placeholder there would override a value another file sets
+    later (a DBA's postgresql.conf, the Ansible role's conf.d file). So a placeholder whose setting a
+    file other than postgresql.auto.conf now sets is reset (that file makes the setting known)."""
     cur = await conn.execute("SELECT current_setting('server_version_num')::int < 170000 "
                              "AND current_setting('is_superuser') = 'on'")
     if not (await cur.fetchone())[0]:
         return
-    cur = await conn.execute("SELECT DISTINCT lower(name) FROM pg_file_settings WHERE lower(name) = ANY(%s)",
-                             (list(PLACEHOLDERS),))
-    named = {row[0] for row in await cur.fetchall()}
+    cur = await conn.execute(
+        "SELECT lower(name), bool_or(sourcefile <> auto), bool_or(sourcefile = auto AND setting = '') "
+        "FROM pg_file_settings, (SELECT current_setting('data_directory') || '/postgresql.auto.conf' AS auto) a "
+        "WHERE lower(name) = ANY(%s) GROUP BY 1", (list(PLACEHOLDERS),))
+    named = {name: (elsewhere, placeholder) for name, elsewhere, placeholder in await cur.fetchall()}
     missing = [name for name in PLACEHOLDERS if name not in named]
-    if not missing:
+    covering = [name for name, (elsewhere, placeholder) in named.items() if elsewhere and placeholder]
+    if not missing and not covering:
         return
     for name in missing:
         await conn.execute("SELECT set_config(%s, '', false)", (name,))  # now this session knows it
         await conn.execute(sql.SQL("ALTER SYSTEM SET {} = ''").format(sql.Identifier(name)))
+    for name in covering:
+        await conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
     await conn.execute("SELECT pg_reload_conf()")
-    report.add(f"placeholder '' in postgresql.auto.conf for {', '.join(missing)}")
+    if missing:
+        report.add(f"placeholder '' in postgresql.auto.conf for {', '.join(missing)}")
+    if covering:
+        report.add(f"placeholder removed from postgresql.auto.conf (a configuration file sets it) for "
+                   f"{', '.join(covering)}")

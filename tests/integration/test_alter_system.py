@@ -7,6 +7,7 @@ until it restarts)."""
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
 from pathlib import Path
 
@@ -167,3 +168,23 @@ def test_the_placeholders_come_back_after_a_reset_and_a_restart(own, own_db):
     with fresh(own) as conn:
         conn.execute("ALTER SYSTEM SET pg_task.spi = on")
         conn.execute("ALTER SYSTEM RESET pg_task.spi")
+
+
+def test_a_value_a_file_sets_later_is_not_covered_by_its_placeholder(own, own_db):
+    """postgresql.auto.conf is read last: the placeholder of a setting that postgresql.conf sets
+    after it was written would override that value. The next provisioning (here: the service's
+    SIGHUP) removes it, and the file's value is in force."""
+    _, start = own_db
+    svc = start()
+    with fresh(own) as conn:
+        placeholders = conn.info.server_version < 170000
+        assert setting(own, "pg_task.timeout") == ("" if placeholders else None)
+        with open(own.data / "postgresql.conf", "a") as f:
+            f.write("pg_task.timeout = '7 min'\n")
+        conn.execute("SELECT pg_reload_conf()")  # as the DBA who edited the file does
+    svc.signal(signal.SIGHUP)
+    wait_for(lambda: setting(own, "pg_task.timeout") == "7 min", message="the file's value in force")
+    with fresh(own) as conn:  # still known to every session: ALTER SYSTEM takes it
+        conn.execute("ALTER SYSTEM SET pg_task.timeout = '9 min'")
+        conn.execute("ALTER SYSTEM RESET pg_task.timeout")
+    assert svc.proc.poll() is None
