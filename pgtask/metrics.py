@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 
 from . import sql as named
 from .config import ConfigError, Entry, parse_listen
-from .names import table_names
+from .names import ident_name, table_names
 
 log = logging.getLogger("pgtask.metrics")
 
@@ -187,6 +187,8 @@ class Reading:
     oldest_due: dict[str, float] = field(default_factory=dict)          # group -> seconds
     sessions: dict[str, float] = field(default_factory=dict)            # role -> sessions
     schedule_lag: dict[str, float] = field(default_factory=dict)        # schedule -> seconds
+    # (last successful maintenance run's end, its schedule's period or None): none while none ran
+    maintenance: tuple[float, float | None] | None = None
 
 
 def fold_groups(queue: list[tuple], held: list[tuple], keep: int) -> Reading:
@@ -226,7 +228,10 @@ class TableStats:
         names = table_names(entry.schema, entry.table)
         texts = dict(named.queries("metrics.sql"))  # a copy: the parsed file is shared
         estimate = texts.pop("ended_estimate")
-        self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"])
+        # the run log of the scheduled maintenance notebook (pgtask/notebook_run.py)
+        maintenance = sql.Identifier(entry.schema, ident_name(f"{entry.table}_maintenance_run"))
+        self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"],
+                                                   maintenance=maintenance)
                         for name, text in texts.items()}
         self.estimates = {state: sql.SQL(estimate).format(table=names["table"], state=sql.Literal(state))
                           for state in FINISHED}
@@ -256,6 +261,12 @@ class TableStats:
         try:
             async with conn.transaction():
                 reading.schedule_lag = dict(await rows("schedule_lag"))
+        except psycopg.errors.UndefinedTable:
+            pass
+        try:
+            async with conn.transaction():
+                found = await rows("maintenance")
+                reading.maintenance = found[0] if found else None
         except psycopg.errors.UndefinedTable:
             pass
         return reading
@@ -304,6 +315,12 @@ class TableCollector:
                                 labels=(*ENTRY_LABELS, "schedule"))
         read = GaugeMetricFamily("pgtask_table_read_timestamp_seconds", "When these figures were read",
                                  labels=ENTRY_LABELS)
+        maintained = GaugeMetricFamily("pgtask_maintenance_last_success_timestamp_seconds",
+                                       "When the last successful scheduled maintenance run ended (0: none yet)",
+                                       labels=ENTRY_LABELS)
+        period = GaugeMetricFamily("pgtask_maintenance_period_seconds",
+                                   "The scheduled maintenance's period (its latest run's schedule)",
+                                   labels=ENTRY_LABELS)
         for stats in self.stats():
             labels = entry_labels(stats.entry)
             reading = stats.reading
@@ -318,7 +335,11 @@ class TableCollector:
             for name, seconds in sorted(reading.schedule_lag.items()):
                 lag.add_metric((*labels, name), seconds)
             read.add_metric(labels, stats.read_at)
-        yield from (tasks, due, oldest, sessions, lag, read)
+            if reading.maintenance is not None:
+                maintained.add_metric(labels, reading.maintenance[0])
+                if reading.maintenance[1] is not None:
+                    period.add_metric(labels, reading.maintenance[1])
+        yield from (tasks, due, oldest, sessions, lag, read, maintained, period)
 
 
 # -- the process's metrics and the endpoint -----------------------------------------------------

@@ -37,3 +37,11 @@ GROUP BY 1
 -- Each active schedule's due occurrence not yet materialised, in seconds (0: none is late).
 SELECT "name", greatest(extract(epoch FROM statement_timestamp() - "next_run"), 0)::float8
 FROM {schedule} WHERE NOT "paused" AND "next_run" IS NOT NULL
+
+-- maintenance --
+-- The entry's scheduled maintenance runs (pgtask/notebook_run.py writes one row per run, the table
+-- with its first): when the last successful one ended (0: none yet) and the period of the latest
+-- one's schedule (seconds; NULL: unknown). No row while nothing ran.
+SELECT coalesce(extract(epoch FROM max("finished") FILTER (WHERE "ok")), 0)::float8,
+       (SELECT "period" FROM {maintenance} ORDER BY "id" DESC LIMIT 1)
+FROM {maintenance} HAVING count(*) > 0
