@@ -219,6 +219,8 @@ def inventory(hosts, wheelhouse, **extra_vars) -> dict:
             # at most 20 tasks at a time on each scheduler host: the load needs both
             "pgtask_entries": [{"data": "postgres", "run": 20}],
             "pgtask_grace": 10,
+            # the notebooks and their timers are test_notebooks_e2e.py's: the HA hosts go without
+            "pgtask_notebooks": False,
             **extra_vars,
         },
         "children": {
