@@ -188,6 +188,14 @@ class Service:
         except FileNotFoundError:
             return []
 
+    def running_workers(self, count: int) -> list[int]:
+        """The worker pids once all ``count`` of them say they are running, else []. A pid alone is
+        not enough to stop a worker: one stopped between fork and exec stops the first process too."""
+        workers = self.workers()
+        if len(workers) == count and self.output().count("pgtask running") >= count + 1:
+            return workers
+        return []
+
     def kill(self) -> None:
         """SIGKILL the service, its worker processes too."""
         workers = self.workers()

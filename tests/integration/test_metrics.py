@@ -128,21 +128,26 @@ def test_counters_add_up_across_processes(db, service_factory):
     a batch of its own; the one endpoint's counters are the sums of the three batches."""
     port = free_port()
     svc = service_factory(db.name, metrics_config(port, "processes = 3\n"))
-    workers = wait_for(lambda: len(w := svc.workers()) == 2 and w, 15, message="the worker processes")
+    workers = wait_for(lambda: svc.running_workers(2), 30, message="the worker processes")
     processes = [svc.proc.pid, *workers]
     batches = {pid: (4 + 3 * i, i + 1) for i, pid in enumerate(processes)}  # pid -> (DONE, FAIL)
     claim_lock = liveness_table("task", "claim")
+    # each scheduler provisions the table (under a lock) before it registers: all three registered,
+    # none is stopped inside its provisioning
+    instances = liveness_table("task", "instance")
+    wait_for(lambda: db.value(f'SELECT count(*) FROM "{instances}"') == 3, 30, message="three schedulers")
 
     def only(pid: int) -> list[int]:
         """SIGSTOP every process but ``pid``; none of them is stopped inside a claim pass (holding
-        the table's claim lock, which would keep ``pid`` from claiming)."""
+        the table's claim lock, which would keep ``pid`` from claiming) or any other transaction."""
         others = [p for p in processes if p != pid]
+        stuck = ("SELECT count(*) FROM pg_locks WHERE relation = %s::regclass) + (SELECT count(*) FROM "
+                 "pg_stat_activity WHERE state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid())")
         while True:
             for other in others:
                 os.kill(other, signal.SIGSTOP)
             try:
-                wait_for(lambda: not db.value("SELECT count(*) FROM pg_locks WHERE relation = %s::regclass",
-                                              (claim_lock,)), 1, interval=0.01)
+                wait_for(lambda: not db.value(f"SELECT ({stuck}", (claim_lock,)), 1, interval=0.01)
                 return others
             except AssertionError:  # one of them holds it: let it finish its pass, and stop them again
                 for other in others:

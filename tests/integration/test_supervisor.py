@@ -134,11 +134,6 @@ def test_failing_entry_is_restarted_and_others_run(db, cluster, service_factory)
 
 # -- several processes (pgtask.processes) ---------------------------------------------------------
 
-def _workers_ready(svc, count):
-    """The service's worker processes, once all ``count`` of them say they are running."""
-    return len(svc.workers()) == count and svc.output().count("pgtask running") >= count + 1
-
-
 def _pid_gone(pid):
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -156,7 +151,7 @@ def test_processes_share_the_work_and_pg_task_run(db, service_factory):
             "WHERE t.id = current_setting('pg_task.id')::bigint), "
             "(SELECT count(*) FROM task WHERE state IN ('TAKE', 'WORK')); SELECT pg_sleep(0.3)")
     svc = service_factory(db.name, "[pg_task]\nrun = 3\n[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n")
-    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    wait_for(lambda: svc.running_workers(1), 30, message=f"the worker process:\n{svc.output()}")
     ids = [db.insert(body, group=f"g{i}") for i in range(12)]
     for task_id in ids:
         assert db.wait_state(task_id, timeout=30)["state"] == "DONE"
@@ -168,7 +163,7 @@ def test_processes_share_the_work_and_pg_task_run(db, service_factory):
 def test_a_worker_process_is_started_again_and_stops_with_the_service(db, service_factory):
     svc = service_factory(db.name, "[pg_work]\nrestart = 1\n[pgtask]\nprocesses = 2\nreset_check = 0.5\n"
                                    "grace = 5\n")
-    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    wait_for(lambda: svc.running_workers(1), 30, message=f"the worker process:\n{svc.output()}")
     [first] = svc.workers()
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: svc.workers() and svc.workers() != [first] and "pgtask running" in svc.output().split(
@@ -182,7 +177,7 @@ def test_a_worker_process_is_started_again_and_stops_with_the_service(db, servic
 
 def test_a_worker_stops_when_the_first_process_is_gone(db, service_factory):
     svc = service_factory(db.name, "[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n")
-    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    wait_for(lambda: svc.running_workers(1), 30, message=f"the worker process:\n{svc.output()}")
     [worker] = svc.workers()
     svc.proc.kill()  # the first process only
     svc.proc.wait()
@@ -195,7 +190,7 @@ def test_a_worker_left_no_part_of_run_stops_its_scheduler(db, service_factory):
     entry is still there), while the first process runs the tasks."""
     conf = "[pg_task]\nrun = {}\n[pgtask]\nprocesses = 2\nreset_check = 0.5\ngrace = 5\n"
     svc = service_factory(db.name, conf.format(2))
-    wait_for(lambda: _workers_ready(svc, 1), 30, message=f"the worker process:\n{svc.output()}")
+    wait_for(lambda: svc.running_workers(1), 30, message=f"the worker process:\n{svc.output()}")
     svc.write_config(conf.format(1))
     svc.signal(signal.SIGHUP)
     wait_for(lambda: any("[worker 1/2]" in line and "no part of pg_task.run left for this process "
