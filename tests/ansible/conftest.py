@@ -22,6 +22,13 @@ def rootfs() -> Path:
     return nspawn.build_rootfs(log=lambda msg: print(msg, file=sys.stderr))
 
 
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory):
+    """Empty at the start of the session: the role builds the wheels from this checkout on the first
+    run that needs them, and the modules share them (a build and a download per module cost minutes)."""
+    return tmp_path_factory.mktemp("wheelhouse")
+
+
 @pytest.fixture(scope="module")
 def host(rootfs):
     """One booted bookworm host, systemd as PID 1, no network but lo; gone after the module."""

@@ -280,7 +280,10 @@ class Container:
 
     def ssh_args(self) -> str:
         proxy = f"nsenter -t {self.pid} -a /usr/sbin/sshd -i"
-        return ("-o ControlMaster=no -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        # one sshd per host for a whole play, not one per task: the master ends with the container's
+        # sshd; the path names the container's PID, so a host booted again gets a master of its own
+        return (f"-o ControlMaster=auto -o ControlPersist=60s -o ControlPath=/tmp/pgtask-ssh-{self.pid}-%C "
+                "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
                 f"-o LogLevel=ERROR -o ProxyCommand=\"{proxy}\"")
 
     def inventory_line(self, alias: str) -> str:

@@ -32,12 +32,6 @@ PG_SETTINGS = {"pgtask_postgresql_settings": {"pg_task.timeout": "5 min"}}
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    # fresh per session: the wheel is built from this checkout by the role itself
-    return tmp_path_factory.mktemp("wheelhouse")
-
-
-@pytest.fixture(scope="module")
 def deploy(host, wheelhouse, tmp_path_factory):
     """deploy(entries, *args) writes the inventory for the booted host and runs the playbook."""
     inv_dir = tmp_path_factory.mktemp("inventory")
@@ -245,7 +239,8 @@ def installed_version(host) -> str:
 def test_upgrade_restarts_the_service(host, deploy, tmp_path):
     # a release newer than the one deployed: this checkout with another version number
     src = tmp_path / "src"
-    shutil.copytree(REPO / "pgtask", src / "pgtask", ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in ("pgtask", "notebooks"):
+        shutil.copytree(REPO / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, src / name)

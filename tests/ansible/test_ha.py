@@ -195,11 +195,6 @@ def hosts(ha_rootfs, network):
         yield booted
 
 
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    return tmp_path_factory.mktemp("wheelhouse")
-
-
 def inventory(hosts, wheelhouse, **extra_vars) -> dict:
     def host_vars(alias):
         c = hosts[alias]
