@@ -461,6 +461,10 @@ class Supervisor:
             return
         try:
             await self.apply()
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            # a server gone or read-only for now (a failover): the next re-read (pg_conf.restart) applies it
+            log.warning("configuration not applied yet, the server is unavailable or read-only (tried again "
+                        "in %gs): %s", self.conf_restart, exc)
         except (cfgmod.ConfigError, psycopg.Error) as exc:
             log.error("configuration not applied: %s", exc)
 

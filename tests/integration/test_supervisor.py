@@ -90,6 +90,25 @@ def test_bad_config_on_sighup_keeps_the_old_one(db, service_factory):
     assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
 
 
+def test_a_reload_while_the_server_is_read_only_is_a_warning_and_applied_later(db, service_factory):
+    """As during a failover: the re-read configuration cannot be applied for now (a new session is
+    read-only), which is a warning naming when it is tried again; the next re-read applies it."""
+    svc = service_factory(db.name, "[pg_conf]\nrestart = 1\n")
+    db.execute(f'ALTER DATABASE "{db.name}" SET default_transaction_read_only = on')
+    try:
+        svc.signal(signal.SIGHUP)
+        wait_for(lambda: "configuration not applied yet, the server is unavailable or read-only (tried again in 1s)"
+                 in svc.output(), message=f"the warning:\n{svc.output()[-3000:]}")
+        assert " ERROR " not in svc.output(), svc.output()[-3000:]
+    finally:
+        db.execute(f'ALTER DATABASE "{db.name}" RESET default_transaction_read_only')
+    svc.write_config('[pg_conf]\nrestart = 1\n[pg_task]\njson = [{data = "%s"}, {data = "%s", table = "later"}]\n'
+                     % (db.name, db.name))
+    wait_for(lambda: db.value("SELECT to_regclass('later') IS NOT NULL"), 20, message=f"the entry applied:\n"
+             f"{svc.output()[-3000:]}")
+    assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
+
+
 def test_sighup_does_not_interrupt_running_tasks(db, service):
     task_id = db.insert("SELECT pg_sleep(1.5)")
     db.wait_state(task_id, states=("WORK",))
