@@ -560,12 +560,13 @@ def test_leader_partition(hosts, net, network):
     f = under_load(net, "leader-partition", fault, sleep=2.0, timeout=420, watch=[hosts[a] for a in SCHEDULER_HOSTS])
     new = seen["new"]
 
-    def rejoined():
-        state = members(net, DB_HOSTS)
-        assert leader(net, DB_HOSTS) in (None, new), cluster_state(net, DB_HOSTS)
-        return state.get(old) in ("replica", "sync_standby") and any(
-            m["name"] == old and m["state"] in ("running", "streaming")
-            for m in (cluster_state(net, DB_HOSTS) or {}).get("members", [])) and state
+    def rejoined():  # one look at the cluster per poll
+        state = cluster_state(net, DB_HOSTS) or {}
+        by_name = {m["name"]: m for m in state.get("members", [])}
+        leaders = [n for n, m in by_name.items() if m["role"] == "leader" and m["state"] == "running"]
+        assert leaders in ([], [new]), state
+        back = by_name.get(old, {})
+        return back.get("role") in ("replica", "sync_standby") and back.get("state") in ("running", "streaming")
     wait_for(rejoined, max(1.0, seen["healed"] + REJOIN_BOUND - time.time()), f"{old} to rejoin as a standby", interval=1)
     rejoin = time.time() - seen["healed"]
     wait_for(lambda: "sync_standby" in members(net, DB_HOSTS).values(), 60, "a synchronous standby")
