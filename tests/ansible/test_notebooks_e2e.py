@@ -6,7 +6,8 @@ beside a workspace the service account writes in, the headless notebook tools in
 JupyterLab), libpq's service file (`psql service=<entry>` as the service account, no password in
 it), the maintenance unit started by hand (an executed notebook and its HTML copy, OK), the metric
 of its last success, a planted NOT OK (a long transaction holding the rows a purge deleted) failing
-the unit, and a second run that changes nothing.
+the unit, a second run that changes nothing, an entry added and removed again (its timer goes), and
+the passfile (pgtask_pgpass) logging the service account in, gone with its lines.
 """
 
 from __future__ import annotations
@@ -145,3 +146,43 @@ def test_second_run_changes_nothing(host, deploy):
 def test_check_mode_on_the_converged_host(deploy):
     run = deploy(ENTRIES, "--check", **VARS)
     assert assert_ok(run)["changed"] == 0, run.changed_tasks()
+
+
+def timer_files(host) -> list[str]:
+    return host.sh("cd /etc/systemd/system && ls -1 pgtask-maintenance@*.timer", check=False).stdout.split()
+
+
+def test_a_removed_entry_loses_its_timer(host, deploy):
+    """An entry added gets a timer and a run's parameters; removed again, both go (the timer stopped
+    first), the other entry's stay, and the rollout after that changes nothing."""
+    extra = {"data": "app1"}
+    assert_ok(deploy([*ENTRIES, extra], **VARS))
+    assert timer_files(host) == ["pgtask-maintenance@app1.timer", f"{UNIT}.timer"]
+    assert host.sh("systemctl is-active pgtask-maintenance@app1.timer").stdout.strip() == "active"
+    host.sh("test -f /etc/pgtask/maintenance/app1.json")
+    run = deploy(ENTRIES, **VARS)
+    assert any("Stop the maintenance timers" in name for name in run.changed_tasks()), run.changed_tasks()
+    assert timer_files(host) == [f"{UNIT}.timer"]
+    assert host.sh("systemctl is-active pgtask-maintenance@app1.timer", check=False).stdout.strip() == "inactive"
+    assert host.sh("test -e /etc/pgtask/maintenance/app1.json", check=False).returncode != 0
+    assert host.sh(f"systemctl is-active {UNIT}.timer").stdout.strip() == "active"
+    again = deploy(ENTRIES, **VARS)
+    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
+def test_the_passfile_logs_the_service_account_in(host, deploy):
+    """pgtask_pgpass: the service account's 0600 passfile, a password with ':' and '\\' in it escaped
+    as libpq reads them; libpq logs in with it over TCP (scram-sha-256, never prompting); the run's
+    output never shows it; and with no lines any more the file is gone."""
+    password = "pa:ss\\word-3f9c1d"
+    psql(host, f"CREATE ROLE pw_reader LOGIN PASSWORD '{password}'")
+    run = deploy(ENTRIES, pgtask_pgpass=[{"host": "127.0.0.1", "database": "postgres", "user": "pw_reader",
+                                          "password": password}], **VARS)
+    assert_ok(run)
+    assert password not in run.output and "ss\\\\word" not in run.output
+    assert host.sh("stat -c '%a %U' /var/lib/pgtask/.pgpass").stdout.strip() == "600 pgtask"
+    login = "psql -XAtqw 'host=127.0.0.1 dbname=postgres user=pw_reader' -c 'SELECT current_user'"
+    assert host.sh(login, user="pgtask").stdout.strip() == "pw_reader"
+    assert_ok(deploy(ENTRIES, **VARS))
+    assert host.sh("test -e /var/lib/pgtask/.pgpass", check=False).returncode != 0
+    assert host.sh(login, user="pgtask", check=False).returncode != 0
