@@ -33,6 +33,18 @@ _counter = itertools.count()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--pg", default=os.environ.get("PGTASK_TEST_PG", "auto"),
                      help="PostgreSQL for the tests: 15, 18, embedded or auto")
+    parser.addoption("--again", action="store_true",
+                     help="a further pass on another --pg (./test): deselect the tests marked any_pg, "
+                          "which do not use the --pg server and ran in the first pass")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--again"):
+        return
+    ran = [item for item in items if item.get_closest_marker("any_pg")]
+    if ran:
+        config.hook.pytest_deselected(items=ran)
+        items[:] = [item for item in items if not item.get_closest_marker("any_pg")]
 
 
 @pytest.fixture(scope="session")

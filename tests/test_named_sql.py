@@ -6,6 +6,8 @@ import pytest
 from pgtask import patterns
 from pgtask.sql import parse, query
 
+pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+
 
 def test_an_include_is_filled_in_before_any_renderer_sees_the_text():
     got = parse("-- a --\nSELECT 1 FROM {table} WHERE {@b}\n\n-- b --\n-- (part of a)\nx = {@c}\n\n-- c --\n%(p)s\n")

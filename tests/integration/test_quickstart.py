@@ -87,6 +87,7 @@ def test_group_max_concurrency(db, service, max_):
 
 
 @pytest.mark.slow
+@pytest.mark.any_pg  # its own clusters: ./run's embedded one, and ./test's of both versions
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("newcomer", [None, NEWCOMER], ids=["as-we-are", "ordinary-user"])
 def test_readme_commands_side_by_side_from_a_0700_checkout(tmp_path, newcomer):

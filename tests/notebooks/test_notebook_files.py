@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 

@@ -8,6 +8,8 @@ import pytest
 from pgtask import spi
 from pgtask.config import parse_bool
 
+pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+
 TRUE = ["on", "ON", "true", "tru", "tr", "t", "TRUE", "yes", "ye", "y", "1", " on ", "t ", "\ton"]
 FALSE = ["off", "of", "Of", "false", "fals", "fal", "fa", "f", "no", "n", "0"]
 # "o" could be on or off; longer than the word, other digits, or words inside a word are no boolean
