@@ -38,13 +38,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "which do not use the --pg server and ran in the first pass")
 
 
+    parser.addoption("--within", metavar="DIR",
+                     help="deselect the tests outside DIR (./test runs tests/ansible on its own this way, "
+                          "with the same arguments as the passes)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--again"):
-        return
-    ran = [item for item in items if item.get_closest_marker("any_pg")]
-    if ran:
-        config.hook.pytest_deselected(items=ran)
-        items[:] = [item for item in items if not item.get_closest_marker("any_pg")]
+    within = config.getoption("--within")
+    root = Path(within).resolve() if within else None
+    left = [item for item in items
+            if not (config.getoption("--again") and item.get_closest_marker("any_pg"))
+            and (root is None or item.path.is_relative_to(root))]
+    if len(left) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in left])
+        items[:] = left
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ Run as a script to build the cache ahead of the tests: ``python tests/ansible/pg
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -54,10 +56,24 @@ def ssh_key_path() -> Path:
     return CACHE_ROOT / "id_ed25519"
 
 
+@contextlib.contextmanager
+def setup_lock():
+    """One test process at a time installs tools and builds trees (./test runs the modules of
+    tests/ansible in processes side by side): apt and the cache's key are not for two at once."""
+    with open("/run/lock/pgtask-test-setup.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def cannot_boot_reason() -> str | None:
     """Why this host cannot boot containers, or None if it can (installing what is missing first)."""
     if os.geteuid() != 0:
         return "booting a systemd-nspawn container needs root"
+    with setup_lock():
+        return _cannot_boot_reason()
+
+
+def _cannot_boot_reason() -> str | None:
     if sys.platform != "linux":
         return "systemd-nspawn needs Linux"
     tools = ("debootstrap", "systemd-nspawn", "nsenter", "ssh", "ssh-keygen")
@@ -100,6 +116,11 @@ def _apt_mirror() -> str:
 def build_rootfs(log=print, extra: tuple[str, ...] = ()) -> Path:
     """Build the cached bookworm tree (with the ``extra`` packages) once (≈2.5 min); later calls
     return at once."""
+    with setup_lock():
+        return _build_rootfs(log, extra)
+
+
+def _build_rootfs(log, extra: tuple[str, ...]) -> Path:
     root = rootfs_path(extra)
     recipe = recipe_hash(extra)
     if (root / ".pgtask-rootfs-ok").exists():
