@@ -36,22 +36,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--again", action="store_true",
                      help="a further pass on another --pg (./test): deselect the tests marked any_pg, "
                           "which do not use the --pg server and ran in the first pass")
-
-
     parser.addoption("--within", metavar="DIR",
                      help="deselect the tests outside DIR (./test runs tests/ansible on its own this way, "
                           "with the same arguments as the passes)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    within = config.getoption("--within")
+    again, within = config.getoption("--again"), config.getoption("--within")
     root = Path(within).resolve() if within else None
-    left = [item for item in items
-            if not (config.getoption("--again") and item.get_closest_marker("any_pg"))
-            and (root is None or item.path.is_relative_to(root))]
-    if len(left) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in left])
-        items[:] = left
+
+    def out(item: pytest.Item) -> bool:
+        return (bool(again and item.get_closest_marker("any_pg"))
+                or (root is not None and not item.path.is_relative_to(root)))
+
+    deselected = [item for item in items if out(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not out(item)]
 
 
 @pytest.fixture(scope="session")

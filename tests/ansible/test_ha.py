@@ -275,9 +275,14 @@ def cluster_state(net, alive: list[str]) -> dict | None:
     return None
 
 
+def leaders(state: dict | None) -> list[str]:
+    """The running leaders in one of Patroni's views of the cluster (more than one: a split brain)."""
+    return [m["name"] for m in (state or {}).get("members", [])
+            if m["role"] == "leader" and m["state"] == "running"]
+
+
 def leader(net, alive: list[str]) -> str | None:
-    state = cluster_state(net, alive) or {}
-    names = [m["name"] for m in state.get("members", []) if m["role"] == "leader" and m["state"] == "running"]
+    names = leaders(cluster_state(net, alive))
     return names[0] if names else None
 
 
@@ -562,10 +567,8 @@ def test_leader_partition(hosts, net, network):
 
     def rejoined():  # one look at the cluster per poll
         state = cluster_state(net, DB_HOSTS) or {}
-        by_name = {m["name"]: m for m in state.get("members", [])}
-        leaders = [n for n, m in by_name.items() if m["role"] == "leader" and m["state"] == "running"]
-        assert leaders in ([], [new]), state
-        back = by_name.get(old, {})
+        assert leaders(state) in ([], [new]), state
+        back = next((m for m in state.get("members", []) if m["name"] == old), {})
         return back.get("role") in ("replica", "sync_standby") and back.get("state") in ("running", "streaming")
     wait_for(rejoined, max(1.0, seen["healed"] + REJOIN_BOUND - time.time()), f"{old} to rejoin as a standby", interval=1)
     rejoin = time.time() - seen["healed"]

@@ -141,13 +141,14 @@ def test_counters_add_up_across_processes(db, service_factory):
         """SIGSTOP every process but ``pid``; none of them is stopped inside a claim pass (holding
         the table's claim lock, which would keep ``pid`` from claiming) or any other transaction."""
         others = [p for p in processes if p != pid]
-        stuck = ("SELECT count(*) FROM pg_locks WHERE relation = %s::regclass) + (SELECT count(*) FROM "
-                 "pg_stat_activity WHERE state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid())")
+        stuck = ("SELECT (SELECT count(*) FROM pg_locks WHERE relation = %s::regclass)"
+                 " + (SELECT count(*) FROM pg_stat_activity"
+                 "    WHERE state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid())")
         while True:
             for other in others:
                 os.kill(other, signal.SIGSTOP)
             try:
-                wait_for(lambda: not db.value(f"SELECT ({stuck}", (claim_lock,)), 1, interval=0.01)
+                wait_for(lambda: not db.value(stuck, (claim_lock,)), 1, interval=0.01)
                 return others
             except AssertionError:  # one of them holds it: let it finish its pass, and stop them again
                 for other in others:

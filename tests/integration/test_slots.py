@@ -131,10 +131,9 @@ def test_sessions_the_full_server_refuses_wait_and_run_once_slots_free(small, sm
     svc = start()
     # the service connected and claiming (its control, listener and writers open) before the slots
     # are taken: "running" is logged before the scheduler connects
-    warm = conn.execute("INSERT INTO task (input) VALUES ('SELECT 1') RETURNING id").fetchone()[0]
-    wait_for(lambda: conn.execute("SELECT state FROM task WHERE id = %s", (warm,)).fetchone()[0] == "DONE", 30,
-             message="a first task DONE")
-    conn.execute("DELETE FROM task WHERE id = %s", (warm,))
+    conn.execute("INSERT INTO task (input) VALUES ('SELECT 1')")
+    wait_for(lambda: states(conn) == {"DONE": 1}, 30, message="a first task DONE")
+    conn.execute("DELETE FROM task")
     fillers = []
     try:
         while True:  # a superuser can take every slot, the reserved ones too
