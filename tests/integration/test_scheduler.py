@@ -697,14 +697,17 @@ def test_a_read_only_role_runs_its_tasks_read_only(db):
             reader.execute("SET default_transaction_read_only = off")  # to insert; its tasks' sessions are not
 
             def ended_and_idle(sched: Scheduler, task_id: int) -> bool:
-                return db.task(task_id)["state"] in ("DONE", "FAIL") and bool(sched.sessions.idle.get("reader"))
+                # idle and reset: a session is out of the pool while its reset (RESET_DELAY after
+                # the task) runs, and a task claimed meanwhile opens a new one
+                return db.task(task_id)["state"] in ("DONE", "FAIL") and any(
+                    not session.needs_reset for session in sched.sessions.idle.get("reader", ()))
 
             async def during(sched: Scheduler) -> None:
                 for text, group in (("SELECT 42", "r1"), ("SELECT 43", "r2"), ("CREATE TABLE reader_made ()", "r3")):
                     task_id = reader.execute("INSERT INTO task (input, \"group\") VALUES (%s, %s) RETURNING id",
                                              (text, group)).fetchone()[0]
                     await wait_for_async(functools.partial(ended_and_idle, sched, task_id),
-                                         message=f"task {task_id} to end and its session to be idle")
+                                         message=f"task {task_id} to end and its session to be idle and reset")
                     rows.append(db.task(task_id))
 
             db.run_scheduler(3, during=during)
