@@ -23,10 +23,11 @@ from . import wire
 from .completer import Completer, resolve
 from .config import Entry
 from .connect import Backoff
-from .executor import Session, SessionPool
 from .metrics import Sink
 from .output import DEFAULT_STYLE, ErrorStyle, reason
 from .queries import CONTROL_SETTINGS, Queries, matched
+from .session import Session
+from .session_pool import SessionPool
 from .task import InFlight, Lifecycle, Task
 
 log = logging.getLogger("pgtask.claim")

@@ -235,7 +235,7 @@ class TableStats:
                         for name, text in texts.items()}
         self.estimates = {state: sql.SQL(estimate).format(table=names["table"], state=sql.Literal(state))
                           for state in FINISHED}
-        # executor sessions' application_name: "pg_task <schema> <table> <group>" (executor.group_settings)
+        # executor sessions' application_name: "pg_task <schema> <table> <group>" (connect.group_settings)
         self.session_prefix = f"pg_task {entry.schema} {entry.table} "
         self.reading = Reading()
         self.read_at = 0.0  # time.time() of the last reading (0: none yet)

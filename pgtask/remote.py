@@ -188,7 +188,7 @@ async def run(remote: RemoteConnection, task: Task, output_limit: int,
     """Preamble, input, COMMIT of an open transaction: (output, error), the error written in
     ``style`` (the service's: as pg_task's worker writes a remote task's error).
 
-    ``started`` as in executor.run_input: awaited after the preamble; False raises NotStarted.
+    ``started`` as in local_input.run_input: awaited after the preamble; False raises NotStarted.
     Raises Lost if the connection is lost.
     """
     await remote.settled()  # a cancel meant for the task before on this connection must not reach this one

@@ -1,5 +1,5 @@
 """Running claimed tasks: one run-then-complete loop over a target -- a local session of the task's
-author (executor.py) or a connection to the task's remote server (remote.py) -- that runs a task,
+author (local_input.py) or a connection to the task's remote server (remote.py) -- that runs a task,
 has the completer write its finish, and within count/live takes the group's next task on the same
 connection. The targets hold what differs: how a connection is had, what a lost one means, what
 happens to it after a task."""
@@ -19,10 +19,12 @@ from . import remote
 from .completer import Completer
 from .config import Entry
 from .connect import group_settings
-from .executor import Session, SessionPool, run_input
 from .inputs import Held
+from .local_input import run_input
 from .output import ErrorStyle, message, reason, simple_error
 from .queries import Queries, local_facts, ping
+from .session import Session
+from .session_pool import SessionPool
 from .task import InFlight, Lifecycle, NotStarted, Task
 
 log = logging.getLogger("pgtask.runner")
@@ -234,7 +236,7 @@ class Chain:
 
 
 class LocalTarget:
-    """A task's author's session (executor.py), from the pool or the one the claim started it on;
+    """A task's author's session (session.py), from the pool or the one the claim started it on;
     pooled again after the group's last task on it."""
 
     Lost = psycopg.OperationalError  # the session ended while the task ran (its outcome unknown)

@@ -2,7 +2,7 @@
 runs them -- provision the table, listen, claim, run, finish, reset -- from start to drain and close.
 
 One task's path: listener.py (NOTIFY wakes the claim loop) -> claim.py (a claim pass claims it) ->
-runner.py (runs it) -> executor.py | remote.py (its input, locally or on its remote server) ->
+runner.py (runs it) -> local_input.py | remote.py (its input, locally or on its remote server) ->
 completer.py (its start and finish, group-committed). queries.py holds the SQL of all of them.
 
 Connections (all as the entry's role, in the entry's database):
@@ -10,7 +10,7 @@ Connections (all as the entry's role, in the entry's database):
               claimed are alive while it is connected (see "alive" in queries.sql)
   listener -- LISTEN on the table's channel: wake-ups and STOP requests (hints only: listener.py)
   writers  -- a small pool for fenced TAKE->WORK and finish transactions (completer.Completer)
-  sessions -- executor sessions of task authors (executor.SessionPool)
+  sessions -- executor sessions of task authors (session_pool.SessionPool)
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from .claim import Claimer
 from .completer import Completer
 from .config import SERVICE_KEYS, Entry
 from .connect import Backoff, with_liveness, without_timeouts
-from .executor import SessionPool
 from .inputs import Budget
 from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .metrics import NO_METRICS, Sink
 from .queries import WRITER_SETTINGS, Queries, connection_slots
 from .runner import Runner
+from .session_pool import SessionPool
 from .slots import Slots
 from .supervise import supervised
 from .task import InFlight, Lifecycle

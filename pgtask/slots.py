@@ -4,7 +4,7 @@ PostgreSQL refuses a connection beyond ``max_connections`` (SQLSTATE 53300: "sor
 clients already", "remaining connection slots are reserved ..."), and then every other client is
 refused too. A pool keeps its sessions under a cap -- ``[pgtask] max_sessions``, or one derived from
 the server (see derived_cap) -- and a session the server refuses for want of a slot means that the
-task never ran: it waits for a slot (executor.SessionPool), it does not fail.
+task never ran: it waits for a slot (session_pool.SessionPool), it does not fail.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pgtask.cluster import Cluster
-from pgtask.executor import RESET_SESSION
 from pgtask.patterns.notebook import wait_until
+from pgtask.session import RESET_SESSION
 
 _counter = itertools.count()
 

@@ -1,5 +1,5 @@
 """One round trip per local task: once a session has read its author's pg_task.spi, plain input
-travels in the preamble's query string (executor.one_trip_preamble). Driven here on real executor
+travels in the preamble's query string (local_input.one_trip_preamble). Driven here on real executor
 sessions, with the round trips counted at the wire; the service-level equivalence is
 test_output_and_error_on_a_reused_session in test_output.py."""
 
@@ -11,10 +11,12 @@ import psycopg
 import pytest
 from support import wait_for, wait_for_async
 
-from pgtask import executor, wire
+from pgtask import local_input, wire
 from pgtask.connect import group_settings
-from pgtask.executor import SessionPool, run_input
+from pgtask.local_input import run_input
 from pgtask.queries import TASK_COLUMNS
+from pgtask.session import Session
+from pgtask.session_pool import SessionPool
 from pgtask.task import NotStarted, Task
 
 
@@ -224,19 +226,19 @@ def spi_on(db) -> None:
 
 
 def test_screen():
-    session = executor.Session.__new__(executor.Session)
+    session = Session.__new__(Session)
     session.spi, session.spi_known = None, True
-    assert executor.one_trip(session, "SELECT 1", False)
-    assert executor.one_trip(session, "INSERT INTO t SELECT g FROM generate_series(1, 3) g", False)
-    assert executor.one_trip(session, "SELECT pg_advisory_lock(1), current_database()", False)
-    assert not executor.one_trip(session, "SELECT 1", True)       # the entry says SPI
-    assert not executor.one_trip(session, "   ", False)
+    assert local_input.one_trip(session, "SELECT 1", False)
+    assert local_input.one_trip(session, "INSERT INTO t SELECT g FROM generate_series(1, 3) g", False)
+    assert local_input.one_trip(session, "SELECT pg_advisory_lock(1), current_database()", False)
+    assert not local_input.one_trip(session, "SELECT 1", True)       # the entry says SPI
+    assert not local_input.one_trip(session, "   ", False)
     for text in ("vacuum t", "CREATE INDEX CONCURRENTLY i ON t (a)", "CALL p()", "DO $$BEGIN END$$",
                  "CREATE DATABASE x", "ALTER SYSTEM SET a = 1", "BEGIN; SELECT 1", "SELECT 1; COMMIT",
                  "SELECT current_query()", "SELECT 1 /* c */", "COPY t TO '/tmp/x'"):
-        assert not executor.one_trip(session, text, False), text
+        assert not local_input.one_trip(session, text, False), text
     session.spi_known = False
-    assert not executor.one_trip(session, "SELECT 1", False)
+    assert not local_input.one_trip(session, "SELECT 1", False)
 
 
 def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkeypatch):

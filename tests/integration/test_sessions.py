@@ -15,7 +15,7 @@ from support import sessions_reset_and_idle, wait_for, wait_for_async
 from pgtask import wire
 from pgtask.config import ConfigError, from_dict
 from pgtask.connect import group_settings
-from pgtask.executor import SessionPool
+from pgtask.session_pool import SessionPool
 
 
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
