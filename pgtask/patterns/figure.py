@@ -3,7 +3,7 @@ DataFrames), and a graph of tasks and their dependencies (the depend notebook's)
 
 from __future__ import annotations
 
-from ..status import count, duration
+from ..readable import count, duration
 
 STATE_COLORS = {"PLAN": "#9e9e9e", "WAIT": "#fdd835", "TAKE": "#64b5f6", "WORK": "#1e88e5", "DONE": "#43a047",
                 "FAIL": "#e53935", "GONE": "#fb8c00", "STOP": "#8e24aa"}
