@@ -36,7 +36,7 @@ import yaml
 
 from bench.run import ROOT, Bench
 from pgtask.cluster import free_port
-from pgtask.status import count, duration
+from pgtask.readable import count, duration
 
 PROMETHEUS = ROOT / ".cache/prometheus/usr/bin/prometheus"
 DASHBOARD = ROOT / "roles/pgtask/files/monitoring/pgtask-dashboard.json"

@@ -83,7 +83,7 @@ class Held:
         await self.budget.acquire(task.input_bytes)
         self.size, self.large = task.input_bytes, True
         try:
-            task.input = await self.read(task)
+            task.hold_input(await self.read(task))
         except BaseException:
             self._give_back()
             raise
@@ -94,7 +94,7 @@ class Held:
             self._give_back()
 
     def _give_back(self) -> None:
-        self.task.input = None  # the task's row still has it; the service needs it no more
+        self.task.drop_input()
         self.budget.release(self.size)
         self.size = 0
 

@@ -84,6 +84,32 @@ class MaterialiseResult:
             setattr(self, f.name, mine + theirs)
 
 
+@dataclass
+class Advance:
+    """Where a schedule goes at the end of its pass: its cursor (the latest occurrence dealt with),
+    the preview of its next run times, its last task, and the error noted on it (None: none)."""
+
+    cursor: datetime
+    upcoming: list[datetime]
+    last_task: int | None
+    error: str | None = None
+
+
+def occurrences(cron: Cron, s: dict) -> tuple[list[datetime], Advance]:
+    """A schedule's due occurrences by its misfire policy (``s``: its locked row, with the
+    database's ``now``), and the advance past them."""
+    now = s["now"]
+    latest = cron.prev(now, 1, after=s["cursor"])
+    if s["misfire"] == "catchup":
+        due = cron.prev(now, s["catchup"], after=s["cursor"])
+    elif s["misfire"] == "skip":
+        due = [t for t in latest if t >= now - s["grace"]]
+    else:
+        due = latest
+    cursor = latest[-1] if latest else now
+    return due, Advance(cursor, cron.next(cursor, PREVIEW), s["last_task"])
+
+
 class Materialiser:
     """Turns due schedule occurrences into task rows. Per schedule, one transaction: lock the row
     (SKIP LOCKED), insert each occurrence's key and task, advance the cursor, commit. Two
@@ -121,70 +147,71 @@ class Materialiser:
             s = await cur.fetchone()
             if s is None:
                 return res  # another materialiser has it, or it is no longer due
-            now_db: datetime = s["now"]
             try:
                 cron = Cron(s["cron"], s["timezone"])
                 if s["next_run"] is None:
-                    upcoming = cron.next(now_db, PREVIEW)
-                    await self._advance(cur, s, now_db, upcoming, s["last_task"], None)
+                    await self._advance(cur, s, Advance(s["now"], cron.next(s["now"], PREVIEW), s["last_task"]))
                     res.initialised += 1
                     return res
-                latest = cron.prev(now_db, 1, after=s["cursor"])
-                if s["misfire"] == "catchup":
-                    due = cron.prev(now_db, s["catchup"], after=s["cursor"])
-                elif s["misfire"] == "skip":
-                    due = [t for t in latest if t >= now_db - s["grace"]]
-                else:
-                    due = latest
-                cursor = latest[-1] if latest else now_db
-                upcoming = cron.next(cursor, PREVIEW)
+                due, advance = occurrences(cron, s)
             except CronError as exc:
                 await cur.execute(self.q("schedule_error"), {"id": schedule_id, "error": str(exc)})
                 res.invalid += 1
                 return res
-            last_task = s["last_task"]
-            running = s["overlap"] == "skip" and s["last_state"] in LIVE
-            error = None
-            for i, at in enumerate(due):
-                if running:
-                    res.skipped_overlap += 1
-                    continue
-                try:
-                    async with conn.transaction():  # a savepoint: a full group undoes this occurrence only
-                        await cur.execute(self.q("schedule_occurrence"), {"id": schedule_id, "at": at})
-                        if await cur.fetchone() is None:
-                            res.duplicates += 1
-                            continue
-                        await cur.execute(self.q("schedule_enqueue"), {
-                            "input": s["input"], "columns": Jsonb(s["columns"]), "at": at, "user": s["user"]})
-                        task = await cur.fetchone()
-                        await cur.execute(self.q("schedule_task_user"), {"task": task["id"]})
-                        if (await cur.fetchone())["user"] != s["user"]:
-                            raise _RoleRefused(f"the service's role cannot insert tasks as role {s['user']!r} "
-                                               f"(it is not a member of it)")
-                        await cur.execute(self.q("schedule_occurrence_task"),
-                                          {"id": schedule_id, "at": at, "task": task["id"]})
-                except psycopg.Error as exc:
-                    if exc.sqlstate != CAPACITY_SQLSTATE:
-                        raise
-                    # Backpressure: this occurrence and the later ones wait at the cursor.
-                    error = f"waiting for capacity: {exc.diag.message_primary}"
-                    res.waiting += 1
-                    cursor = due[i - 1] if i > 0 else s["cursor"]
-                    upcoming = [at] + [t for t in upcoming if t > at]
-                    break
-                res.created.append((task["id"], at))
-                last_task = task["id"]
-                running = s["overlap"] == "skip"
+            await self._enqueue(conn, cur, s, due, advance, res)
             if self.before_advance is not None:
                 await self.before_advance(conn, s)
-            await self._advance(cur, s, cursor, upcoming, last_task, error)
+            await self._advance(cur, s, advance)
         return res
 
-    async def _advance(self, cur, s: dict, cursor: datetime, upcoming: list[datetime], last_task, error) -> None:
+    async def _enqueue(self, conn: psycopg.AsyncConnection, cur, s: dict, due: list[datetime], advance: Advance,
+                       res: MaterialiseResult) -> None:
+        """The due occurrences' tasks, in order, each in a savepoint, until a full group (PT001)
+        holds back the rest: ``advance`` then stops before them."""
+        running = s["overlap"] == "skip" and s["last_state"] in LIVE
+        for i, at in enumerate(due):
+            if running:
+                res.skipped_overlap += 1
+                continue
+            try:
+                async with conn.transaction():  # a savepoint: a full group undoes this occurrence only
+                    task = await self._occurrence(cur, s, at)
+            except psycopg.Error as exc:
+                if exc.sqlstate != CAPACITY_SQLSTATE:
+                    raise
+                # Backpressure: this occurrence and the later ones wait at the cursor.
+                advance.error = f"waiting for capacity: {exc.diag.message_primary}"
+                res.waiting += 1
+                advance.cursor = due[i - 1] if i > 0 else s["cursor"]
+                advance.upcoming = [at] + [t for t in advance.upcoming if t > at]
+                break
+            if task is None:
+                res.duplicates += 1
+                continue
+            res.created.append((task["id"], at))
+            advance.last_task = task["id"]
+            running = s["overlap"] == "skip"
+
+    async def _occurrence(self, cur, s: dict, at: datetime) -> dict | None:
+        """One occurrence's key and task: the task's row, or None when the occurrence was
+        materialised already."""
+        await cur.execute(self.q("schedule_occurrence"), {"id": s["id"], "at": at})
+        if await cur.fetchone() is None:
+            return None
+        await cur.execute(self.q("schedule_enqueue"), {
+            "input": s["input"], "columns": Jsonb(s["columns"]), "at": at, "user": s["user"]})
+        task = await cur.fetchone()
+        await cur.execute(self.q("schedule_task_user"), {"task": task["id"]})
+        if (await cur.fetchone())["user"] != s["user"]:
+            raise _RoleRefused(f"the service's role cannot insert tasks as role {s['user']!r} "
+                               f"(it is not a member of it)")
+        await cur.execute(self.q("schedule_occurrence_task"), {"id": s["id"], "at": at, "task": task["id"]})
+        return task
+
+    async def _advance(self, cur, s: dict, advance: Advance) -> None:
         await cur.execute(self.q("schedule_advance"), {
-            "id": s["id"], "cursor": cursor, "next_run": upcoming[0],
-            "preview": upcoming[:PREVIEW], "last_task": last_task, "error": error})
+            "id": s["id"], "cursor": advance.cursor, "next_run": advance.upcoming[0],
+            "preview": advance.upcoming[:PREVIEW], "last_task": advance.last_task, "error": advance.error})
 
     async def seconds_to_next(self, conn: psycopg.AsyncConnection) -> float | None:
         cur = conn.cursor(row_factory=dict_row)

@@ -49,9 +49,8 @@ ENTRY_LABELS = ("data", "schema", "table")
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
                 900, 3600)
 PASS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
-# The table readings' connection: its server time bounded to what one backend does (no parallel
-# workers), and never waiting on a lock for long.
-READ_SETTINGS = "SET max_parallel_workers_per_gather = 0; SET lock_timeout = '1s'"
+# The table readings' connection's settings (see metrics.sql).
+READ_SETTINGS = named.query("metrics.sql", "read_settings")
 
 
 class Sink(Protocol):
@@ -228,6 +227,7 @@ class TableStats:
         names = table_names(entry.schema, entry.table)
         texts = dict(named.queries("metrics.sql"))  # a copy: the parsed file is shared
         estimate = texts.pop("ended_estimate")
+        del texts["read_settings"]  # the connection's (READ_SETTINGS), run once at connect
         # the run log of the scheduled maintenance notebook (pgtask/notebook_run.py)
         maintenance = sql.Identifier(entry.schema, ident_name(f"{entry.table}_maintenance_run"))
         self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"],
@@ -375,6 +375,14 @@ class Metrics:
     def sink(self, entry: Entry) -> EntryMetrics:
         return EntryMetrics(self.families, entry)
 
+    def add_table(self, key: tuple, stats: TableStats) -> None:
+        """Serve the readings of ``stats`` (the table of the entry ``key``) at every scrape."""
+        self.stats[key] = stats
+
+    def drop_table(self, key: tuple) -> None:
+        """The table of the entry ``key`` is no longer read: its figures go."""
+        self.stats.pop(key, None)
+
     def process_gone(self, pid: int) -> None:
         """A worker process ended: its live gauges no longer count."""
         from prometheus_client import multiprocess
@@ -472,11 +480,11 @@ class Monitoring:
         wanted = {e.key: e for e in entries}
         for key in [k for k in self.readers if k not in wanted]:
             self.readers.pop(key).cancel()
-            self.metrics.stats.pop(key, None)
+            self.metrics.drop_table(key)
         for key, entry in wanted.items():
             if key not in self.readers:
                 stats = TableStats(conninfo, entry, self.groups, self.refresh)
-                self.metrics.stats[key] = stats
+                self.metrics.add_table(key, stats)
                 self.readers[key] = asyncio.create_task(stats.run(), name=f"metrics {entry.label()}")
 
     def process_gone(self, pid: int) -> None:

@@ -27,21 +27,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from pgtask import sql as named
 from pgtask.names import ident_name
-
-RUN_LOG = """
-CREATE TABLE IF NOT EXISTS {log} (
-    "id" bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    "started" timestamptz NOT NULL,
-    "finished" timestamptz NOT NULL,
-    "ok" boolean NOT NULL,
-    "summary" text NOT NULL,
-    "period" float8,
-    "host" text NOT NULL,
-    "run_dir" text NOT NULL
-)
-"""
-
 
 def run_log(schema: str, table: str) -> sql.Identifier:
     """The entry's run log of maintenance runs, beside its task table."""
@@ -114,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(params["dsn"], autocommit=True,
                          application_name=f"pgtask maintenance {params['schema']} {params['table']}") as conn:
         log = run_log(params["schema"], params["table"])
-        conn.execute(sql.SQL(RUN_LOG).format(log=log))
-        conn.execute(sql.SQL('INSERT INTO {} ("started", "finished", "ok", "summary", "period", "host", "run_dir") '
-                             "VALUES (%s, now(), %s, %s, %s, %s, %s)").format(log),
-                     (started, ok, verdict, period_seconds(spec.get("schedule") or ""), socket.gethostname(),
-                      str(run_dir)))
+        conn.execute(sql.SQL(named.query("maintenance_run.sql", "create")).format(log=log))
+        conn.execute(sql.SQL(named.query("maintenance_run.sql", "insert")).format(log=log),
+                     {"started": started, "ok": ok, "summary": verdict,
+                      "period": period_seconds(spec.get("schedule") or ""), "host": socket.gethostname(),
+                      "run_dir": str(run_dir)})
     print(f"{verdict}\nrun: {run_dir}/maintenance.ipynb, {run_dir}/maintenance.html")
     return 0 if ok else 1
 

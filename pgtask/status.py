@@ -1,148 +1,52 @@
 """What an operator reads: ``pgtask status`` and ``pgtask config``, and the pieces the queue
 inspection notebook shares with them -- whether a service looks after a table (the liveness query
-of pgtask/patterns/inspect.sql, and the verdict drawn from it), the per-group rows, and numbers
-written for people (``4.2 s``, ``3 min``, ``1,759``, ``never``)."""
+of pgtask/sql/status.sql, and the verdict drawn from it), the per-group rows and the flow control.
+Numbers are written for people by pgtask/readable.py."""
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from . import config as cfgmod
-from . import patterns
+from . import names
+from . import sql as named
+from .readable import count, duration, missing, percent, plural, rate, table
 
-# -- numbers for people -----------------------------------------------------------------------------
-
-
-def missing(value) -> bool:
-    """None, NaN, or pandas' NaT (a DataFrame's empty cell)."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or str(value) == "NaT"
+# -- the queries -----------------------------------------------------------------------------------
 
 
-def count(n) -> str:
-    """1759 -> '1,759'; None -> ''."""
-    return "" if missing(n) else f"{int(n):,}"
+def statement(name: str, schema: str, table_name: str) -> sql.Composed:
+    """A query of sql/status.sql for the task table ``schema``.``table_name``."""
+    return sql.SQL(named.query("status.sql", name)).format(
+        table=sql.Identifier(schema, table_name),
+        rel_groups=sql.Identifier(schema, names.extra_table(table_name, "groups")),
+        rel_instance=sql.Identifier(schema, names.liveness_table(table_name, "instance")),
+        schema_name=sql.Literal(schema), table_name=sql.Literal(table_name))
 
 
-def duration(seconds, none: str = "") -> str:
-    """Seconds rounded for reading: '12 ms', '4.2 s', '73 s', '3 min', '2.5 h', '4 days'."""
-    if missing(seconds):
-        return none
-    if isinstance(seconds, timedelta):
-        seconds = seconds.total_seconds()
-    s = float(seconds)
-    a = abs(s)
-    if a == 0:
-        return "0 s"
-    if a < 0.01:
-        return f"{s * 1000:.1f} ms"
-    if a < 1:
-        return f"{s * 1000:.0f} ms"
-    if a < 10:
-        return f"{s:.1f} s"
-    if a < 120:
-        return f"{s:.0f} s"
-    if a < 7200:
-        return f"{s / 60:.0f} min"
-    if a < 2 * 86400:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.0f} days"
-
-
-def timeout(value) -> str:
-    """A task's timeout: 0 is 'no timeout'."""
-    if missing(value) or (isinstance(value, timedelta) and not value) or value == 0:
-        return "no timeout"
-    return duration(value)
-
-
-def timestamp(value, none: str = "never") -> str:
-    """A timestamp to the second, with its UTC offset; None is 'never'."""
-    if missing(value):
-        return none
-    if isinstance(value, datetime):
-        if value.year in (1, 9999):  # 'infinity' loaded as datetime.max/min
-            return "infinity" if value.year == 9999 else "-infinity"
-        return value.isoformat(sep=" ", timespec="seconds")
-    return str(value)
-
-
-def size(n) -> str:
-    """Bytes: '8,192 bytes', '8.0 kB', '97 MB'."""
-    if missing(n):
-        return ""
-    value, unit = float(n), "bytes"
-    for unit in ("bytes", "kB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            break
-        value /= 1024
-    if unit == "bytes":
-        return f"{int(value):,} bytes"
-    return f"{value:.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
-
-
-def rate(per_second) -> str:
-    """Tasks a second, three significant digits, a minute or an hour when slower: '35.1/s',
-    '1,204/s', '2.5/min', '3.0/h'."""
-    if missing(per_second):
-        return ""
-    x = float(per_second)
-    if x == 0:
-        return "0/s"
-    for value, unit in ((x, "s"), (x * 60, "min"), (x * 3600, "h")):
-        if value >= 1 or unit == "h":
-            break
-    if value >= 100:
-        return f"{value:,.0f}/{unit}"
-    digits = max(0, 2 - math.floor(math.log10(value)))
-    return f"{value:.{digits}f}/{unit}"
-
-
-def plural(n, noun: str) -> str:
-    """'1 orphaned row', '3 orphaned rows' (with thousands separators)."""
-    return f"{count(n)} {noun}{'' if n == 1 else 's'}"
-
-
-def percent(part, whole) -> str:
-    """part of whole: '12 %', '0.4 %'; '' when whole is 0."""
-    if not whole:
-        return ""
-    p = 100 * part / whole
-    return f"{p:.1f} %" if 0 < p < 1 else f"{p:.0f} %"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]) -> list[str]:
-    """Lines of a plain-text table: each column as wide as its widest cell, text to the left and
-    numbers to the right."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
-
-    return [line(headers), *(line(r) for r in rows)]
+def fetch(conn: psycopg.Connection, name: str, schema: str, table_name: str, params: dict | None = None) -> list[dict]:
+    """The rows of a query of sql/status.sql, as dicts."""
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(statement(name, schema, table_name), params).fetchall()
 
 
 # -- liveness --------------------------------------------------------------------------------------
 
 
 def table_oid(conn: psycopg.Connection, schema: str, table_name: str) -> int | None:
-    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s""", (schema, table_name)).fetchone()
+    row = conn.execute(named.query("status.sql", "table_oid"), {"schema": schema, "table": table_name}).fetchone()
     return row[0] if row else None
 
 
 def liveness(conn: psycopg.Connection, schema: str, table_name: str, oid: int) -> dict:
-    """The liveness query's one row (see inspect.sql)."""
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(patterns.query("inspect", "liveness", schema, table_name), {"oid": oid}).fetchone()
+    """The liveness query's one row (see status.sql)."""
+    return fetch(conn, "liveness", schema, table_name, {"oid": oid})[0]
 
 
 @dataclass
@@ -193,10 +97,9 @@ GROUP_NUMERIC = (False,) + (True,) * (len(GROUP_COLUMNS) - 1)
 
 
 def groups(conn: psycopg.Connection, schema: str, table_name: str, since: str) -> list[dict]:
-    """The groups query's rows (see inspect.sql), the busiest first."""
-    cur = conn.cursor(row_factory=dict_row)
-    found = cur.execute(patterns.query("inspect", "groups", schema, table_name), {"since": since}).fetchall()
-    window = conn.execute("SELECT extract(epoch FROM %s::interval)::float8", (since,)).fetchone()[0]
+    """The groups query's rows (see status.sql), the busiest first."""
+    found = fetch(conn, "groups", schema, table_name, {"since": since})
+    window = conn.execute(named.query("status.sql", "window_seconds"), {"since": since}).fetchone()[0]
     for g in found:
         g["finished_window"] = sum(g[f"{s}_window"] for s in ("done", "fail", "gone", "stop"))
         g["failed_window"] = g["finished_window"] - g["done_window"]
@@ -235,9 +138,8 @@ FLOW_NUMERIC = (False, False, True, True, True, True, True, True)
 
 
 def flow(conn: psycopg.Connection, schema: str, table_name: str) -> list[dict]:
-    """The flow query's rows (see inspect.sql): the groups with a row in the group table."""
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(patterns.query("inspect", "flow", schema, table_name)).fetchall()
+    """The flow query's rows (see status.sql): the groups with a row in the group table."""
+    return fetch(conn, "flow", schema, table_name)
 
 
 def flow_cells(g: dict) -> list[str]:
@@ -259,9 +161,7 @@ def report(conn: psycopg.Connection, schema: str, table_name: str, since: str = 
         return [f"NOT OK: no table {schema}.{table_name} in this database (run `pgtask provision`)"]
     v = verdict(liveness(conn, schema, table_name, oid), schema, table_name, behind_after)
     lines = [v.headline, *v.details]
-    cur = conn.cursor(row_factory=dict_row)
-    longest = cur.execute(patterns.query("inspect", "longest", schema, table_name)).fetchone()
-    if longest:
+    for longest in fetch(conn, "longest", schema, table_name):  # one row at most
         lines.append(f"longest running: task {longest['id']} (group {longest['group']}, {longest['state']}) for "
                      f"{duration(longest['seconds'])}: {longest['input']}")
     found = groups(conn, schema, table_name, since)

@@ -65,6 +65,14 @@ class Task:
         that ended with neither."""
         return self.delete and output is None and error is None
 
+    def hold_input(self, text: str) -> None:
+        """Its input, left out of its claim (larger than inputs.INLINE), read just before it runs."""
+        self.input = text
+
+    def drop_input(self) -> None:
+        """Its run is over: the input read for it is let go (its row still has it)."""
+        self.input = None
+
     @property
     def keeps_session(self) -> bool:
         """Whether the task's session may run the group's next task after it (count/live)."""

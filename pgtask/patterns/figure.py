@@ -3,7 +3,7 @@ DataFrames), and a graph of tasks and their dependencies (the depend notebook's)
 
 from __future__ import annotations
 
-from ..status import count, duration
+from ..readable import count, duration
 
 STATE_COLORS = {"PLAN": "#9e9e9e", "WAIT": "#fdd835", "TAKE": "#64b5f6", "WORK": "#1e88e5", "DONE": "#43a047",
                 "FAIL": "#e53935", "GONE": "#fb8c00", "STOP": "#8e24aa"}
@@ -16,15 +16,30 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
     the finish rate (tasks/s) and the due backlog over the window, pickup latency and run time of
     the tasks that ran (log axes). ``per_bucket``: finished tasks by bucket (index) and state
     (columns); ``backlog``: bucket, backlog; ``start``/``end``: the window's ends (UTC)."""
-    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     fig, axes = plt.subplots(3, 2, figsize=(12, 11), layout="constrained")
     fig.suptitle(f"{title}: the last {since} (rows by state: the whole table)", fontsize=14)
-    thousands = FuncFormatter(lambda v, _: count(v) if v == int(v) else f"{v:g}")
+    states_panel(axes[0][0], counts)
+    groups_panel(axes[0][1], groups[:top], since)
+    rate_panel(axes[1][0], per_bucket, bucket_seconds)
+    backlog_panel(axes[1][1], backlog, end)
+    for ax in axes[1]:
+        time_axis(ax, start, end)
+    latency_panel(axes[2][0], timings["pickup_seconds"], "pickup latency (start − plan)", "#1e88e5")
+    latency_panel(axes[2][1], timings["run_seconds"], "run time (stop − start)", "#43a047")
+    return fig
 
-    ax = axes[0][0]
+
+def thousands():
+    """An axis formatter: whole numbers with thousands separators."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: count(v) if v == int(v) else f"{v:g}")
+
+
+def states_panel(ax, counts) -> None:
+    """Rows in the table by state, all time (``counts``: group, state, tasks)."""
     totals = counts.groupby("state")["tasks"].sum()
     totals = totals.reindex([s for s in STATE_COLORS if s in totals.index])
     if len(totals):
@@ -33,12 +48,16 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
         for x, v in zip(totals.index, totals.values):
             ax.annotate(count(v), (x, v), ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
         ax.set_ylim(0.8, totals.max() * 4)  # headroom for the labels on a log axis
-    ax.yaxis.set_major_formatter(thousands)
+    ax.yaxis.set_major_formatter(thousands())
     ax.set_title("rows in the table by state (all time, log scale)")
     ax.set_ylabel("rows")
 
-    ax = axes[0][1]
-    busiest = [g for g in groups[:top] if g["finished_window"]][::-1]
+
+def groups_panel(ax, groups, since: str) -> None:
+    """The busiest groups' tasks finished in the window, by final state (``groups``: status.groups')."""
+    from matplotlib.ticker import MaxNLocator
+
+    busiest = [g for g in groups if g["finished_window"]][::-1]
     if busiest:
         left = [0] * len(busiest)
         names = [g["group"] if len(g["group"]) <= 24 else g["group"][:23] + "…" for g in busiest]
@@ -48,13 +67,14 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
             left = [a + b for a, b in zip(left, widths)]
         ax.set_xlim(0, max(left) * 1.15)
         ax.legend(loc="lower right", fontsize="small")
-    ax.xaxis.set_major_formatter(thousands)
+    ax.xaxis.set_major_formatter(thousands())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"busiest groups: finished in the last {since}")
     ax.set_xlabel("tasks")
 
-    locator = mdates.AutoDateLocator(minticks=4, maxticks=8)
-    ax = axes[1][0]
+
+def rate_panel(ax, per_bucket, bucket_seconds: float) -> None:
+    """Finished tasks a second per bucket, stacked by final state."""
     if len(per_bucket):
         bottom = None
         for state in [s for s in FINAL if s in per_bucket.columns]:
@@ -67,7 +87,11 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
     ax.set_title(f"finished tasks a second (per {duration(bucket_seconds)})")
     ax.set_ylabel("tasks/s")
 
-    ax = axes[1][1]
+
+def backlog_panel(ax, backlog, end) -> None:
+    """The due backlog over the window, as steps held until ``end``."""
+    from matplotlib.ticker import MaxNLocator
+
     if len(backlog):
         xs = list(backlog["bucket"]) + [end]
         ys = list(backlog["backlog"]) + [backlog["backlog"].iloc[-1]]
@@ -75,37 +99,43 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
         ax.fill_between(xs, ys, step="post", color="#546e7a", alpha=0.2)
         ax.set_ylim(0, max(ys) * 1.15 if max(ys) > 0 else 1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_formatter(thousands)
+    ax.yaxis.set_major_formatter(thousands())
     ax.set_title("due backlog (planned, not yet started)")
     ax.set_ylabel("tasks")
 
-    for ax in axes[1]:
-        ax.set_xlim(start, end)
-        ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-        ax.set_xlabel("time (UTC)")
 
-    for ax, column, what, color in [(axes[2][0], "pickup_seconds", "pickup latency (start − plan)", "#1e88e5"),
-                                     (axes[2][1], "run_seconds", "run time (stop − start)", "#43a047")]:
-        values = timings[column].dropna().clip(lower=1e-4)
-        if len(values):
-            low, high = values.min(), max(values.max(), values.min() * 10)
-            bins = [low * (high / low) ** (i / 30) for i in range(31)]
-            ax.hist(values, bins=bins, color=color)
-            ax.set_xscale("log")
-            for q, style in ((0.5, "--"), (0.99, ":")):
-                v = values.quantile(q)
-                ax.axvline(v, color="black", linestyle=style, label=f"p{round(q * 100)} {duration(v)}")
-            ax.legend(loc="upper right", fontsize="small")
-            ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: duration(v)))
-            ax.xaxis.set_minor_formatter(NullFormatter())  # a log axis labels its minor ticks too
-        ax.set_title(f"{what}: {count(len(values))} tasks that ran (log scale)")
-        ax.set_xlabel("")
-        ax.set_ylabel("tasks")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    return fig
+def time_axis(ax, start, end) -> None:
+    """The window from ``start`` to ``end`` on the x axis, in UTC."""
+    import matplotlib.dates as mdates
 
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=8)
+    ax.set_xlim(start, end)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_xlabel("time (UTC)")
+
+
+def latency_panel(ax, seconds, what: str, color: str) -> None:
+    """A histogram of ``seconds`` (one value per task that ran) on a log axis, p50 and p99 marked."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    values = seconds.dropna().clip(lower=1e-4)
+    if len(values):
+        low, high = values.min(), max(values.max(), values.min() * 10)
+        bins = [low * (high / low) ** (i / 30) for i in range(31)]
+        ax.hist(values, bins=bins, color=color)
+        ax.set_xscale("log")
+        for q, style in ((0.5, "--"), (0.99, ":")):
+            v = values.quantile(q)
+            ax.axvline(v, color="black", linestyle=style, label=f"p{round(q * 100)} {duration(v)}")
+        ax.legend(loc="upper right", fontsize="small")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.15)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: duration(v)))
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a log axis labels its minor ticks too
+    ax.set_title(f"{what}: {count(len(values))} tasks that ran (log scale)")
+    ax.set_xlabel("")
+    ax.set_ylabel("tasks")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def dag_figure(title: str, tasks: list[dict]):

@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
-from .. import config, status
+from .. import config, readable, status
 from ..cluster import Cluster
 from ..provision import Report
 from . import query
@@ -179,20 +179,20 @@ def show(report: Report) -> None:
 
 
 class Table:
-    """A DataFrame shown for people: every cell written by a formatter of pgtask.status (counts with
+    """A DataFrame shown for people: every cell written by a formatter of pgtask.readable (counts with
     thousands separators, durations rounded, timestamps to the second, "never", "no timeout"), text
     columns left-aligned and numbers right-aligned, as HTML in JupyterLab and as text elsewhere."""
 
     def __init__(self, df, formats: dict[str, Callable[[Any], str]] | None = None):
         formats = formats or {}
         self.columns = [str(c) for c in df.columns]
-        self.numeric = [c in formats and formats[c] not in (str, status.timestamp) or
+        self.numeric = [c in formats and formats[c] not in (str, readable.timestamp) or
                         (c not in formats and df[c].dtype.kind in "iuf") for c in df.columns]
-        fmt = {c: formats.get(c) or (status.count if df[c].dtype.kind in "iu" else _cell) for c in df.columns}
+        fmt = {c: formats.get(c) or (readable.count if df[c].dtype.kind in "iu" else _cell) for c in df.columns}
         self.rows = [[fmt[c](v) for c, v in zip(df.columns, row)] for row in df.itertuples(index=False)]
 
     def __repr__(self) -> str:
-        return "\n".join(status.table(self.columns, self.rows, self.numeric)) if self.rows else "(none)"
+        return "\n".join(readable.table(self.columns, self.rows, self.numeric)) if self.rows else "(none)"
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -206,10 +206,10 @@ class Table:
 
 
 def _cell(value) -> str:
-    if status.missing(value):
+    if readable.missing(value):
         return ""
     if isinstance(value, datetime):
-        return status.timestamp(value)
+        return readable.timestamp(value)
     if isinstance(value, float):
         return f"{value:,.3g}"
     return str(value)

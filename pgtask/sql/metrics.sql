@@ -4,6 +4,11 @@
 -- finished rows through the state index (no group: that would read every finished row's heap), and
 -- runs only while "ended_estimate" says they are few.
 
+-- read_settings --
+-- The readings' connection: its server time bounded to what one backend does (no parallel
+-- workers), and never waiting on a lock for long.
+SET max_parallel_workers_per_gather = 0; SET lock_timeout = '1s'
+
 -- queue --
 -- Planned rows per group: how many, how many due, and the oldest due one's age (the plan index).
 SELECT "group", count(*) AS planned, count(*) FILTER (WHERE "plan" <= statement_timestamp()) AS due,
