@@ -183,7 +183,8 @@ class TableProvisioner:
             if col in have:
                 continue
             coltype = self.ids["state"] if typ is None else sql.SQL(typ)
-            await c.execute(change("add_column", table=self.ids["table"], column=sql.Identifier(col), type=coltype))
+            await c.execute(change("add_column", table=self.ids["table"], column=sql.Identifier(col),
+                                   type=coltype))
             self.report.add(f"added column {col} to {self.name}")
         comments = dict(await rows(c, look_up("table_comments"), (oid,)))
         if comments.get(0) is None:
@@ -212,7 +213,8 @@ class TableProvisioner:
         for col, expr in wanted.items():
             if current[col][0] == canonical[col]:
                 continue
-            await c.execute(change("set_default", table=table, column=sql.Identifier(col), expr=sql.SQL(expr)))
+            await c.execute(change("set_default", table=table, column=sql.Identifier(col),
+                                   expr=sql.SQL(expr)))
             await c.execute(change("fill_default", table=table, column=sql.Identifier(col)))
             self.report.add(f"set default of {self.name}.{col}")
         for col in COLUMNS:

@@ -81,8 +81,9 @@ class BesideTables:
                 ctx.report.add(f"created index {rel}")
         for suffix in OBSOLETE_INDEXES:
             rel = ident_name(f"{ctx.table}_{suffix}")
-            if await ctx.one(look_up("index_on"), (sql.Identifier(ctx.schema, rel).as_string(ctx.conn), oid)) is not None:
-                await ctx.conn.execute(change("drop_index", index=sql.Identifier(ctx.schema, rel)))
+            index = sql.Identifier(ctx.schema, rel)
+            if await ctx.one(look_up("index_on"), (index.as_string(ctx.conn), oid)) is not None:
+                await ctx.conn.execute(change("drop_index", index=index))
                 ctx.report.add(f"dropped index {ctx.schema}.{rel} (no longer used)")
 
     async def function(self, suffix: str, query_name: str, trigger_on: str | None, q) -> None:
@@ -131,7 +132,8 @@ class BesideTables:
         rel = ident_name(f"{ctx.table}_{EXTRA_TABLES['keys']}")
         regclass = keys.as_string(ctx.conn)
         if await ctx.one(look_up("column_exists", column=sql.Literal("user")), (regclass,)) is None:
-            orphans, pkey = await ctx.one(look_up("keys_to_convert", keys=keys, table=ctx.ids["table"]), (regclass,))
+            orphans, pkey = await ctx.one(look_up("keys_to_convert", keys=keys, table=ctx.ids["table"]),
+                                          (regclass,))
             await ctx.conn.execute(q("keys_per_role", pkey=sql.Identifier(pkey)))
             ctx.report.add(f"made the keys of {ctx.schema}.{rel} per role"
                            + (f" ({orphans} whose task is gone now the owner's)" if orphans else ""))

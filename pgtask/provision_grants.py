@@ -46,7 +46,8 @@ class Grants:
         if not ctx.owner:
             return
         owner = sql.Identifier(ctx.owner)
-        row = await ctx.one(look_up("owner_privileges"), {"r": ctx.owner, "s": ctx.schema, "t": ctx.name_literal()})
+        row = await ctx.one(look_up("owner_privileges"),
+                            {"r": ctx.owner, "s": ctx.schema, "t": ctx.name_literal()})
         if not row[0]:
             await ctx.conn.execute(change("grant_schema", schema=ctx.ids["schema"], owner=owner))
             ctx.report.add(f"granted usage on schema {ctx.schema} to {ctx.owner}")
