@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -16,7 +17,7 @@ try:  # libuv's event loop: the service's per-task Python overhead is mostly eve
 except ImportError:  # not on this platform (Windows): the standard loop does the same, slower
     uvloop = None
 
-from . import __version__, status
+from . import __version__, sql_print, status
 from . import config as cfgmod
 from .supervisor import Supervisor, base_conninfo, provision_entries, resolve, worker_from_env
 
@@ -81,6 +82,23 @@ def cmd_status(args: argparse.Namespace, cfg: cfgmod.Config) -> int:
     return 1 if args.check and not ok else 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Print one statement as the service sends it, list their names, or write them all (--write)."""
+    names = sql_print.statement_names()
+    if args.write:
+        for path in sql_print.write(Path(args.write), args.schema, args.table, args.columns):
+            print(path)
+        return 0
+    if args.name is None or args.list:
+        print("\n".join(names))
+        return 0
+    if args.name not in names:
+        print(f"pgtask: no statement {args.name!r} (pgtask sql --list names them)", file=sys.stderr)
+        return 2
+    print(sql_print.render(args.name, args.schema, args.table, args.columns))
+    return 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -106,7 +124,17 @@ def main(argv: list[str] | None = None) -> int:
                            help="a due task with a free group slot waiting longer than this is NOT OK")
             p.add_argument("--groups", type=_positive, default=20, metavar="N", help="show the N busiest groups")
             p.add_argument("--check", action="store_true", help="exit 1 when a table is NOT OK")
+    p = sub.add_parser("sql", help="print a statement of the service as it sends it (no database needed)")
+    p.add_argument("name", nargs="?", help="the statement (none, or --list: list their names)")
+    p.add_argument("--list", action="store_true", help="list the statements' names")
+    p.add_argument("--schema", default="public", help="the task table's schema (default: public)")
+    p.add_argument("--table", default="task", help="the task table (default: task)")
+    p.add_argument("--columns", default=sql_print.PROVISIONED_COPY_COLUMNS,
+                   help="the columns a repeat copies (default: those of a table pgtask provisioned)")
+    p.add_argument("--write", metavar="DIR", help="write every statement to DIR/<name>.sql")
     args = parser.parse_args(argv)
+    if args.command == "sql":  # reads no configuration and connects to nothing
+        return cmd_sql(args)
     try:
         cfg = cfgmod.load(args.config)
         return {"run": cmd_run, "provision": cmd_provision, "status": cmd_status,

@@ -1,0 +1,1 @@
+DELETE FROM "public"."task_instance" WHERE "token" = %(token)s
