@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +17,16 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from . import config as cfgmod
 from . import notify, provision
 from .cluster import Cluster, find_bindir
-from .config import BY_NAME, Config, Entry
+from .config import Config, Entry
 from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .notify import Notifier
+from .precedence import resolve
 from .scheduler import Options, Scheduler
 from .supervise import Every, supervised
 
 log = logging.getLogger("pgtask.supervisor")
-
-ENTRY_SETTINGS = ("reset", "run", "schema", "table", "sleep", "spi")
 
 # A worker process of the service (see Workers) is told which it is ("i/n") and where the server is.
 WORKER_ENV = "PGTASK_WORKER"
@@ -50,13 +47,6 @@ def run_share(run: int, index: int, count: int) -> int:
     (the first processes take the remainder), so the service as a whole keeps the manual's limit.
     A process whose part is 0 runs no scheduler for the entry."""
     return run // count + (1 if index < run % count else 0)
-
-
-@dataclass
-class Resolved:
-    entries: list[Entry]
-    sources: dict[str, str]     # "key" -> where it came from, for `pgtask config`
-    values: dict[str, Any]
 
 
 def embedded_cluster(cfg: Config) -> Cluster:
@@ -86,130 +76,6 @@ def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
     cluster.start()
     log.info("embedded PostgreSQL running: %s", cluster.conninfo())
     return cluster.conninfo(), cluster
-
-
-async def resolve(cfg: Config, conninfo: str) -> Resolved:
-    """Entries after the manual's precedence: entry > role settings > database settings > config."""
-    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
-        cur = await conn.execute("SELECT current_user, current_database()")
-        me, mydb = await cur.fetchone()
-        server: dict[str, str | None] = {}
-        for s in cfgmod.SETTINGS:
-            cur = await conn.execute("SELECT nullif(current_setting(%s, true), '')", (s.name,))
-            server[s.name] = (await cur.fetchone())[0]
-        cur = await conn.execute("""SELECT coalesce(d.datname, ''), coalesce(r.rolname, ''), c
-            FROM pg_db_role_setting s LEFT JOIN pg_database d ON d.oid = s.setdatabase
-            LEFT JOIN pg_roles r ON r.oid = s.setrole, unnest(s.setconfig) c""")
-        by_role: dict[str, dict[str, str]] = {}
-        by_db: dict[str, dict[str, str]] = {}
-        for db, role, item in await cur.fetchall():
-            key, _, value = item.partition("=")
-            if role:
-                by_role.setdefault(role, {})[key] = value
-            elif db:
-                by_db.setdefault(db, {})[key] = value
-
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-
-    def pick(name: str, fallback: Any = None) -> Any:
-        if name in cfg.settings:
-            values[name], sources[name] = cfg.settings[name], cfg.source(name)
-        elif server.get(name) is not None:
-            raw = server[name]
-            values[name], sources[name] = _convert(name, raw), "server (postgresql.conf / ALTER SYSTEM)"
-        elif fallback is not None:
-            values[name], sources[name] = fallback, "connection"
-        else:
-            values[name], sources[name] = BY_NAME[name].default, "default"
-        return values[name]
-
-    # Unset pg_task.data / pg_task.user fall back to the database and role we connected as.
-    default_data = pick("pg_task.data", mydb)
-    default_user = pick("pg_task.user", me)
-    raw_entries = pick("pg_task.json")
-    if isinstance(raw_entries, str):
-        raw_entries = cfgmod.parse_entries(raw_entries)
-    if sources["pg_task.json"] == "default":
-        raw_entries = [{}]
-    for name in ("pg_task.schema", "pg_task.table", "pg_task.sleep", "pg_task.reset", "pg_task.run",
-                 "pg_task.spi", "pg_task.limit", "pg_work.restart", "pg_conf.restart"):
-        pick(name)
-    entries: list[Entry] = []
-    seen = set()
-    # intervals to check (_check_intervals): the file's, and each entry's reset below
-    intervals = [(name, str(value), False) for name, value in cfg.settings.items()
-                 if name in BY_NAME and BY_NAME[name].type == "interval"]
-    if cfg.svc("retention"):
-        intervals.append(("pgtask.retention", cfg.svc("retention"), True))
-    for i, raw in enumerate(raw_entries):
-        data = raw.get("data") or raw.get("user") or default_data
-        user = raw.get("user") or raw.get("data") or default_user
-        resolved: dict[str, Any] = {}
-        for key in ENTRY_SETTINGS:
-            name = f"pg_task.{key}"
-            if key in raw:
-                value, source = raw[key], f"pg_task.json[{i}]"
-            elif name in by_role.get(user, {}):
-                value, source = _convert(name, by_role[user][name]), f"ALTER ROLE {user} SET"
-            elif name in by_db.get(data, {}):
-                value, source = _convert(name, by_db[data][name]), f"ALTER DATABASE {data} SET"
-            else:
-                value, source = values[name], sources[name]
-            resolved[key] = value
-            sources[f"entry {i} {key}"] = source
-        entry = Entry(data=data, user=user, schema=resolved["schema"], table=resolved["table"],
-                      sleep=int(resolved["sleep"]), reset=str(resolved["reset"]), run=int(resolved["run"]),
-                      spi=bool(resolved["spi"]))
-        for kind, value in (("database", data), ("user", user), ("schema", entry.schema),
-                            ("table", entry.table)):
-            try:
-                provision.check_identifier(kind, value)
-            except ValueError as exc:
-                raise cfgmod.ConfigError(f"pg_task.json[{i}].{kind}: {exc}") from None
-        if entry.key not in seen:
-            seen.add(entry.key)
-            entries.append(entry)
-        source = sources[f"entry {i} reset"]
-        intervals.append((f"{source}.reset" if source.startswith("pg_task.json") else f"pg_task.reset ({source})",
-                          entry.reset, False))
-    await _check_intervals(conninfo, intervals)
-    return Resolved(entries, sources, values)
-
-
-async def _check_intervals(conninfo: str, intervals: list[tuple[str, str, bool]]) -> None:
-    """Interval values of the configuration, as PostgreSQL reads them: (key, value, must be >= 0).
-    A wrong one is refused naming its key (the config file cannot tell, PostgreSQL's syntax is
-    its own)."""
-    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
-        for key, value, positive in intervals:
-            try:
-                cur = await conn.execute("SELECT %s::interval >= interval '0'", (value,))
-                above = (await cur.fetchone())[0]
-            except psycopg.Error as exc:
-                raise cfgmod.ConfigError(f"{key}: invalid interval {value!r} ({str(exc).strip()})") from None
-            if positive and not above:  # a negative retention would delete what just finished
-                raise cfgmod.ConfigError(f"{key}: must not be a negative interval, got {value!r}")
-
-
-def _convert(name: str, raw: str) -> Any:
-    """A value set in the server (postgresql.conf, ALTER SYSTEM/DATABASE/ROLE), checked as the
-    config file's are."""
-    kind = BY_NAME[name].type if name in BY_NAME else "text"
-    if kind == "int" and raw.strip().lstrip("+-").isdigit():
-        return cfgmod.check_minimum(name, int(raw), "set in the server")
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "bool":
-            if (flag := cfgmod.parse_bool(raw)) is None:
-                raise ValueError(raw)
-            return flag
-        if kind == "json":
-            return cfgmod.parse_entries(json.loads(raw), name)
-    except (ValueError, json.JSONDecodeError):
-        raise cfgmod.ConfigError(f"{name}: invalid value {raw!r} (expected {kind})") from None
-    return raw
 
 
 async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
