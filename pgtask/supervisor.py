@@ -368,6 +368,20 @@ class Supervisor:
             notifier.close()
 
     async def _run(self, notifier: Notifier) -> int:
+        await self._connect()
+        if not await self._apply_first(notifier):
+            return 0
+        log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
+                 f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
+                 f", {self.workers.count} processes" if self.workers.count > 1 else "")
+        notifier.ready(f"running {len(self.schedulers)} scheduler(s)")
+        await self._serve()
+        await self._drain(notifier)
+        return 0
+
+    async def _connect(self) -> None:
+        """Where the server is (a worker: where the first process says), and what serves beside the
+        schedulers: the metrics endpoint, the first process's workers."""
         if self.cfg.svc("metrics_listen"):
             self.monitoring = Monitoring(self.cfg.svc("metrics_listen"), self.worker is None, self.health,
                                          self.cfg.svc("metrics_groups"), self.cfg.svc("metrics_refresh"))
@@ -379,11 +393,14 @@ class Supervisor:
             self.workers = Workers(self.config_path, self.conninfo,
                                    self.monitoring.process_gone if self.monitoring is not None else None)
         self.restart_after, self.conf_restart = 60.0, 60.0
+
+    async def _apply_first(self, notifier: Notifier) -> bool:
+        """Apply the configuration, waiting for the server with a backoff; False: stopped meanwhile."""
         backoff = Backoff()
         while True:
             try:
                 await self.apply()
-                break
+                return True
             except cfgmod.ConfigError:
                 raise
             except psycopg.OperationalError as exc:
@@ -393,13 +410,12 @@ class Supervisor:
                 notifier.ready("waiting for the server")
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), delay)
-                    return 0
+                    return False
                 except TimeoutError:
                     pass
-        log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
-                 f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
-                 f", {self.workers.count} processes" if self.workers.count > 1 else "")
-        notifier.ready(f"running {len(self.schedulers)} scheduler(s)")
+
+    async def _serve(self) -> None:
+        """Until SIGTERM: re-read the configuration on SIGHUP and every pg_conf.restart seconds."""
         while not self.stop_event.is_set():
             waiters = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.reload_event.wait())]
             _, pending = await asyncio.wait(waiters, timeout=self.conf_restart,
@@ -413,6 +429,9 @@ class Supervisor:
             self.reload_event.clear()
             log.info("re-reading configuration")
             await self.reload()
+
+    async def _drain(self, notifier: Notifier) -> None:
+        """Drain the schedulers and the workers, then stop what serves beside them."""
         log.info("SIGTERM: draining")
         notifier.stopping()
         if self.workers is not None:
@@ -429,4 +448,3 @@ class Supervisor:
             log.info("stopping the embedded PostgreSQL")
             await asyncio.to_thread(self.cluster.stop, "fast")
         log.info("stopped")
-        return 0
