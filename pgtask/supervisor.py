@@ -144,6 +144,12 @@ class Workers:
         self.keepers: dict[int, asyncio.Task] = {}
         self.procs: dict[int, asyncio.subprocess.Process] = {}
 
+    async def reconfigure(self, count: int, grace: float, restart_after: float) -> None:
+        """A configuration applied: ``count`` processes in all (see resize), each started again
+        ``restart_after`` s (pg_work.restart) after it exits."""
+        self.restart_after = restart_after
+        await self.resize(count, grace)
+
     async def resize(self, count: int, grace: float) -> None:
         """``count`` processes in all from now on: the workers are started again if that changed."""
         if count == self.count:
@@ -283,8 +289,7 @@ class Supervisor:
         self.restart_after = float(resolved.values["pg_work.restart"])
         self.conf_restart = float(resolved.values["pg_conf.restart"])
         if self.workers is not None:
-            self.workers.restart_after = self.restart_after
-            await self.workers.resize(self.place()[1], self.cfg.svc("grace"))
+            await self.workers.reconfigure(self.place()[1], self.cfg.svc("grace"), self.restart_after)
 
     def start_scheduler(self, entry: Entry, options: Options) -> None:
         sched = Scheduler(entry, self.conninfo, options)
