@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import psycopg
 from psycopg import sql
 
-from .supervise import Delays
+from .restart import Delays
 
 log = logging.getLogger("pgtask.listener")
 
@@ -40,7 +40,7 @@ def parse(payload: str) -> tuple[str, int] | tuple[str, None] | None:
 class Listener:
     """One LISTEN connection on the channel ``channel()`` names at each connect: reconnects with
     ``delays`` when the connection is lost, at once after reconnect(); anything else that goes wrong
-    ends run() with the exception (supervise.supervised starts it again)."""
+    ends run() with the exception (restart.supervised starts it again)."""
 
     def __init__(self, conninfo: str, channel: Callable[[], str], label: str, delays: Delays,
                  stopping: Callable[[], bool], on_wake: Callable[[], None],

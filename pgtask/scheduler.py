@@ -37,9 +37,9 @@ from .listener import Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .metrics import NO_METRICS, Sink
 from .queries import WRITER_SETTINGS, Queries, connection_slots
+from .restart import supervised
 from .runner import Runner
 from .slots import Slots
-from .supervise import supervised
 from .task import InFlight, Lifecycle
 
 log = logging.getLogger("pgtask.scheduler")

@@ -15,16 +15,16 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import config as cfgmod
-from . import notify, provision
+from . import provision, systemd_notify
 from .cluster import Cluster, find_bindir
 from .config import Config, Entry
 from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
-from .notify import Notifier
 from .precedence import resolve
+from .restart import Every, supervised
 from .scheduler import Options, Scheduler
-from .supervise import Every, supervised
+from .systemd_notify import Notifier
 
 log = logging.getLogger("pgtask.supervisor")
 
@@ -163,14 +163,14 @@ class Workers:
 
     async def _keep(self, i: int) -> None:
         args = ["--config", str(self.config_path)] if self.config_path else []
-        env = {key: value for key, value in os.environ.items() if key not in notify.ENV}
+        env = {key: value for key, value in os.environ.items() if key not in systemd_notify.ENV}
         env.update({WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo})
-        # Under systemd's watchdog, the first process watches its workers the same way (see notify.Pings).
-        interval = notify.watchdog_interval(os.environ)
+        # Under systemd's watchdog, the first process watches its workers the same way (see systemd_notify.Pings).
+        interval = systemd_notify.watchdog_interval(os.environ)
         if interval is not None:
             env["WATCHDOG_USEC"] = str(round(interval * 2e6))
         while True:
-            pings = notify.Pings() if interval is not None else None
+            pings = systemd_notify.Pings() if interval is not None else None
             try:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "pgtask.cli", "run", *args, env={**env, **(pings.env if pings else {})},
