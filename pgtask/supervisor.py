@@ -195,6 +195,11 @@ class Workers:
                     pings.close()
             await asyncio.sleep(self.restart_after)
 
+    def health(self) -> list[str]:
+        """The workers not running now (see Supervisor.health)."""
+        return [f"worker process {i}/{self.count} is not running" for i in range(1, self.count)
+                if (proc := self.procs.get(i)) is None or proc.returncode is not None]
+
     def signal(self, sig: int) -> None:
         for proc in self.procs.values():
             if proc.returncode is None:
@@ -319,9 +324,7 @@ class Supervisor:
         connected or without a recent claim pass, a worker process not running."""
         problems = [p for sched, _ in list(self.schedulers.values()) if (p := sched.health())]
         if self.workers is not None:
-            problems += [f"worker process {i}/{self.workers.count} is not running"
-                         for i in range(1, self.workers.count)
-                         if (proc := self.workers.procs.get(i)) is None or proc.returncode is not None]
+            problems += self.workers.health()
         return problems
 
     async def reload(self) -> None:
