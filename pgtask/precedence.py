@@ -59,11 +59,11 @@ async def resolve(cfg: Config, conninfo: str) -> Resolved:
 
 
 async def read_server(conn: psycopg.AsyncConnection) -> ServerSettings:
-    cur = await conn.execute("SELECT current_user, current_database()")
+    cur = await conn.execute(named.query("settings.sql", "connected_as"))
     me, mydb = await cur.fetchone()
     server = ServerSettings(me, mydb)
     for s in cfgmod.SETTINGS:
-        cur = await conn.execute("SELECT nullif(current_setting(%s, true), '')", (s.name,))
+        cur = await conn.execute(named.query("settings.sql", "system_setting"), (s.name,))
         server.system[s.name] = (await cur.fetchone())[0]
     cur = await conn.execute(named.query("settings.sql", "db_role_settings"))
     for db, role, item in await cur.fetchall():

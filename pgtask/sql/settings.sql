@@ -4,6 +4,13 @@
 -- comment of its own: the effective pg_task.spi of the task's author after SET ROLE, whose own
 -- role settings are read from the catalog first (the session's settings are the service role's).
 
+-- connected_as --
+SELECT current_user, current_database()
+
+-- system_setting --
+-- A setting as the server's configuration files and ALTER SYSTEM leave it (NULL: unset or '').
+SELECT nullif(current_setting(%s, true), '')
+
 -- db_role_settings --
 -- Every ALTER DATABASE/ROLE ... SET: (database or '', role or '', 'name=value').
 SELECT coalesce(d.datname, ''), coalesce(r.rolname, ''), c
