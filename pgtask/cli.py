@@ -19,7 +19,8 @@ except ImportError:  # not on this platform (Windows): the standard loop does th
 
 from . import __version__, sql_print, status
 from . import config as cfgmod
-from .supervisor import Supervisor, base_conninfo, provision_entries, resolve, worker_from_env
+from .precedence import resolve
+from .supervisor import Supervisor, base_conninfo, provision_entries, worker_from_env
 
 
 def _setup_logging(level: str) -> None:

@@ -11,11 +11,12 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
-from .supervise import Delays
+from .restart import Delays
 
 log = logging.getLogger("pgtask.listener")
 
@@ -37,17 +38,26 @@ def parse(payload: str) -> tuple[str, int] | tuple[str, None] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Hints:
+    """Where each kind of notification goes (see parse)."""
+
+    on_wake: Callable[[], None]       # "wake", and each (re)connect: a claim pass now
+    on_schedule: Callable[[], None]   # "schedule": a schedule pass now
+    on_stop: Callable[[int], None]    # "stop <id>": to be checked (StopHints)
+
+
 class Listener:
     """One LISTEN connection on the channel ``channel()`` names at each connect: reconnects with
     ``delays`` when the connection is lost, at once after reconnect(); anything else that goes wrong
-    ends run() with the exception (supervise.supervised starts it again)."""
+    ends run() with the exception (restart.supervised starts it again)."""
 
     def __init__(self, conninfo: str, channel: Callable[[], str], label: str, delays: Delays,
-                 stopping: Callable[[], bool], on_wake: Callable[[], None],
-                 on_schedule: Callable[[], None], on_stop: Callable[[int], None]):
+                 stopping: Callable[[], bool], hints: Hints):
         self.conninfo, self.channel, self.label, self.delays = conninfo, channel, label, delays
         self.stopping = stopping
-        self.handlers = {WAKE: lambda _: on_wake(), SCHEDULE: lambda _: on_schedule(), STOP: on_stop}
+        self.handlers = {WAKE: lambda _: hints.on_wake(), SCHEDULE: lambda _: hints.on_schedule(),
+                         STOP: hints.on_stop}
         self.conn: psycopg.AsyncConnection | None = None
         self.retarget = False
 

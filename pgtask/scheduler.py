@@ -32,14 +32,14 @@ from .completer import Completer
 from .config import SERVICE_KEYS, Entry
 from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
-from .listener import Listener, StopHints
+from .listener import Hints, Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .metrics import NO_METRICS, Sink
 from .queries import WRITER_SETTINGS, Queries, connection_slots
+from .restart import supervised
 from .runner import Runner
 from .session_pool import SessionPool
 from .slots import Slots
-from .supervise import supervised
 from .task import InFlight, Lifecycle
 
 log = logging.getLogger("pgtask.scheduler")
@@ -93,7 +93,7 @@ class Scheduler:
         self.listener = Listener(
             make_conninfo(self.conninfo, application_name=f"pgtask listen {entry.schema} {entry.table}"),
             lambda: names.channel(self.queries.oid), entry.label(), Backoff(), lambda: self.life.stopping,
-            on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint)
+            Hints(on_wake=self.wake.set, on_schedule=self._schedule_hint, on_stop=self.stop_hints.hint))
         self.ready = asyncio.Event()
         self.maintenance = None if options.maintenance is None else Maintenance(
             self.conninfo, entry.schema, entry.table, MaintenanceOptions.from_service(options.maintenance),

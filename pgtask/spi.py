@@ -26,6 +26,7 @@ from psycopg import pq
 from . import wire
 from .config import parse_bool
 from .output import DEFAULT_STYLE, ErrorStyle, Output, format_error, simple_error
+from .sql import query
 
 E = pq.ExecStatus
 F = pq.DiagnosticField
@@ -37,12 +38,8 @@ F = pq.DiagnosticField
 SETTING_LOGIN = "nullif(current_setting('pg_task.spi', true), '')"
 # After SET ROLE (execute_as = set_role) the session's settings are the service role's: the
 # author's own role settings are read from the catalog first.
-SETTING_SET_ROLE = """SELECT coalesce((
-    SELECT substr(c, length('pg_task.spi=') + 1)
-    FROM pg_db_role_setting s, unnest(s.setconfig) c
-    WHERE c LIKE 'pg\\_task.spi=%' AND s.setrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
-      AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
-    ORDER BY s.setdatabase DESC LIMIT 1), nullif(current_setting('pg_task.spi', true), ''))"""
+SETTING_SET_ROLE = query("settings.sql", "spi_set_role")
+
 
 def setting(set_role: bool) -> str:
     """An expression: the author's effective pg_task.spi (NULL: not set)."""

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,18 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import config as cfgmod
-from . import notify, provision
+from . import provision, systemd_notify
 from .cluster import Cluster, find_bindir
-from .config import BY_NAME, Config, Entry
+from .config import Config, Entry
 from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
-from .notify import Notifier
+from .precedence import resolve
+from .restart import Every, supervised
 from .scheduler import Options, Scheduler
-from .supervise import Every, supervised
+from .systemd_notify import Notifier
 
 log = logging.getLogger("pgtask.supervisor")
-
-ENTRY_SETTINGS = ("reset", "run", "schema", "table", "sleep", "spi")
 
 # A worker process of the service (see Workers) is told which it is ("i/n") and where the server is.
 WORKER_ENV = "PGTASK_WORKER"
@@ -50,13 +47,6 @@ def run_share(run: int, index: int, count: int) -> int:
     (the first processes take the remainder), so the service as a whole keeps the manual's limit.
     A process whose part is 0 runs no scheduler for the entry."""
     return run // count + (1 if index < run % count else 0)
-
-
-@dataclass
-class Resolved:
-    entries: list[Entry]
-    sources: dict[str, str]     # "key" -> where it came from, for `pgtask config`
-    values: dict[str, Any]
 
 
 def embedded_cluster(cfg: Config) -> Cluster:
@@ -86,130 +76,6 @@ def base_conninfo(cfg: Config) -> tuple[str, Cluster | None]:
     cluster.start()
     log.info("embedded PostgreSQL running: %s", cluster.conninfo())
     return cluster.conninfo(), cluster
-
-
-async def resolve(cfg: Config, conninfo: str) -> Resolved:
-    """Entries after the manual's precedence: entry > role settings > database settings > config."""
-    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
-        cur = await conn.execute("SELECT current_user, current_database()")
-        me, mydb = await cur.fetchone()
-        server: dict[str, str | None] = {}
-        for s in cfgmod.SETTINGS:
-            cur = await conn.execute("SELECT nullif(current_setting(%s, true), '')", (s.name,))
-            server[s.name] = (await cur.fetchone())[0]
-        cur = await conn.execute("""SELECT coalesce(d.datname, ''), coalesce(r.rolname, ''), c
-            FROM pg_db_role_setting s LEFT JOIN pg_database d ON d.oid = s.setdatabase
-            LEFT JOIN pg_roles r ON r.oid = s.setrole, unnest(s.setconfig) c""")
-        by_role: dict[str, dict[str, str]] = {}
-        by_db: dict[str, dict[str, str]] = {}
-        for db, role, item in await cur.fetchall():
-            key, _, value = item.partition("=")
-            if role:
-                by_role.setdefault(role, {})[key] = value
-            elif db:
-                by_db.setdefault(db, {})[key] = value
-
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-
-    def pick(name: str, fallback: Any = None) -> Any:
-        if name in cfg.settings:
-            values[name], sources[name] = cfg.settings[name], cfg.source(name)
-        elif server.get(name) is not None:
-            raw = server[name]
-            values[name], sources[name] = _convert(name, raw), "server (postgresql.conf / ALTER SYSTEM)"
-        elif fallback is not None:
-            values[name], sources[name] = fallback, "connection"
-        else:
-            values[name], sources[name] = BY_NAME[name].default, "default"
-        return values[name]
-
-    # Unset pg_task.data / pg_task.user fall back to the database and role we connected as.
-    default_data = pick("pg_task.data", mydb)
-    default_user = pick("pg_task.user", me)
-    raw_entries = pick("pg_task.json")
-    if isinstance(raw_entries, str):
-        raw_entries = cfgmod.parse_entries(raw_entries)
-    if sources["pg_task.json"] == "default":
-        raw_entries = [{}]
-    for name in ("pg_task.schema", "pg_task.table", "pg_task.sleep", "pg_task.reset", "pg_task.run",
-                 "pg_task.spi", "pg_task.limit", "pg_work.restart", "pg_conf.restart"):
-        pick(name)
-    entries: list[Entry] = []
-    seen = set()
-    # intervals to check (_check_intervals): the file's, and each entry's reset below
-    intervals = [(name, str(value), False) for name, value in cfg.settings.items()
-                 if name in BY_NAME and BY_NAME[name].type == "interval"]
-    if cfg.svc("retention"):
-        intervals.append(("pgtask.retention", cfg.svc("retention"), True))
-    for i, raw in enumerate(raw_entries):
-        data = raw.get("data") or raw.get("user") or default_data
-        user = raw.get("user") or raw.get("data") or default_user
-        resolved: dict[str, Any] = {}
-        for key in ENTRY_SETTINGS:
-            name = f"pg_task.{key}"
-            if key in raw:
-                value, source = raw[key], f"pg_task.json[{i}]"
-            elif name in by_role.get(user, {}):
-                value, source = _convert(name, by_role[user][name]), f"ALTER ROLE {user} SET"
-            elif name in by_db.get(data, {}):
-                value, source = _convert(name, by_db[data][name]), f"ALTER DATABASE {data} SET"
-            else:
-                value, source = values[name], sources[name]
-            resolved[key] = value
-            sources[f"entry {i} {key}"] = source
-        entry = Entry(data=data, user=user, schema=resolved["schema"], table=resolved["table"],
-                      sleep=int(resolved["sleep"]), reset=str(resolved["reset"]), run=int(resolved["run"]),
-                      spi=bool(resolved["spi"]))
-        for kind, value in (("database", data), ("user", user), ("schema", entry.schema),
-                            ("table", entry.table)):
-            try:
-                provision.check_identifier(kind, value)
-            except ValueError as exc:
-                raise cfgmod.ConfigError(f"pg_task.json[{i}].{kind}: {exc}") from None
-        if entry.key not in seen:
-            seen.add(entry.key)
-            entries.append(entry)
-        source = sources[f"entry {i} reset"]
-        intervals.append((f"{source}.reset" if source.startswith("pg_task.json") else f"pg_task.reset ({source})",
-                          entry.reset, False))
-    await _check_intervals(conninfo, intervals)
-    return Resolved(entries, sources, values)
-
-
-async def _check_intervals(conninfo: str, intervals: list[tuple[str, str, bool]]) -> None:
-    """Interval values of the configuration, as PostgreSQL reads them: (key, value, must be >= 0).
-    A wrong one is refused naming its key (the config file cannot tell, PostgreSQL's syntax is
-    its own)."""
-    async with await psycopg.AsyncConnection.connect(without_timeouts(conninfo), autocommit=True) as conn:
-        for key, value, positive in intervals:
-            try:
-                cur = await conn.execute("SELECT %s::interval >= interval '0'", (value,))
-                above = (await cur.fetchone())[0]
-            except psycopg.Error as exc:
-                raise cfgmod.ConfigError(f"{key}: invalid interval {value!r} ({str(exc).strip()})") from None
-            if positive and not above:  # a negative retention would delete what just finished
-                raise cfgmod.ConfigError(f"{key}: must not be a negative interval, got {value!r}")
-
-
-def _convert(name: str, raw: str) -> Any:
-    """A value set in the server (postgresql.conf, ALTER SYSTEM/DATABASE/ROLE), checked as the
-    config file's are."""
-    kind = BY_NAME[name].type if name in BY_NAME else "text"
-    if kind == "int" and raw.strip().lstrip("+-").isdigit():
-        return cfgmod.check_minimum(name, int(raw), "set in the server")
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "bool":
-            if (flag := cfgmod.parse_bool(raw)) is None:
-                raise ValueError(raw)
-            return flag
-        if kind == "json":
-            return cfgmod.parse_entries(json.loads(raw), name)
-    except (ValueError, json.JSONDecodeError):
-        raise cfgmod.ConfigError(f"{name}: invalid value {raw!r} (expected {kind})") from None
-    return raw
 
 
 async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
@@ -278,6 +144,12 @@ class Workers:
         self.keepers: dict[int, asyncio.Task] = {}
         self.procs: dict[int, asyncio.subprocess.Process] = {}
 
+    async def reconfigure(self, count: int, grace: float, restart_after: float) -> None:
+        """A configuration applied: ``count`` processes in all (see resize), each started again
+        ``restart_after`` s (pg_work.restart) after it exits."""
+        self.restart_after = restart_after
+        await self.resize(count, grace)
+
     async def resize(self, count: int, grace: float) -> None:
         """``count`` processes in all from now on: the workers are started again if that changed."""
         if count == self.count:
@@ -291,14 +163,14 @@ class Workers:
 
     async def _keep(self, i: int) -> None:
         args = ["--config", str(self.config_path)] if self.config_path else []
-        env = {key: value for key, value in os.environ.items() if key not in notify.ENV}
+        env = {key: value for key, value in os.environ.items() if key not in systemd_notify.ENV}
         env.update({WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo})
-        # Under systemd's watchdog, the first process watches its workers the same way (see notify.Pings).
-        interval = notify.watchdog_interval(os.environ)
+        # Under systemd's watchdog, the first process watches its workers the same way (see systemd_notify.Pings).
+        interval = systemd_notify.watchdog_interval(os.environ)
         if interval is not None:
             env["WATCHDOG_USEC"] = str(round(interval * 2e6))
         while True:
-            pings = notify.Pings() if interval is not None else None
+            pings = systemd_notify.Pings() if interval is not None else None
             try:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "pgtask.cli", "run", *args, env={**env, **(pings.env if pings else {})},
@@ -322,6 +194,11 @@ class Workers:
                 if pings is not None:
                     pings.close()
             await asyncio.sleep(self.restart_after)
+
+    def health(self) -> list[str]:
+        """The workers not running now (see Supervisor.health)."""
+        return [f"worker process {i}/{self.count} is not running" for i in range(1, self.count)
+                if (proc := self.procs.get(i)) is None or proc.returncode is not None]
 
     def signal(self, sig: int) -> None:
         for proc in self.procs.values():
@@ -417,8 +294,7 @@ class Supervisor:
         self.restart_after = float(resolved.values["pg_work.restart"])
         self.conf_restart = float(resolved.values["pg_conf.restart"])
         if self.workers is not None:
-            self.workers.restart_after = self.restart_after
-            await self.workers.resize(self.place()[1], self.cfg.svc("grace"))
+            await self.workers.reconfigure(self.place()[1], self.cfg.svc("grace"), self.restart_after)
 
     def start_scheduler(self, entry: Entry, options: Options) -> None:
         sched = Scheduler(entry, self.conninfo, options)
@@ -448,9 +324,7 @@ class Supervisor:
         connected or without a recent claim pass, a worker process not running."""
         problems = [p for sched, _ in list(self.schedulers.values()) if (p := sched.health())]
         if self.workers is not None:
-            problems += [f"worker process {i}/{self.workers.count} is not running"
-                         for i in range(1, self.workers.count)
-                         if (proc := self.workers.procs.get(i)) is None or proc.returncode is not None]
+            problems += self.workers.health()
         return problems
 
     async def reload(self) -> None:
@@ -502,6 +376,20 @@ class Supervisor:
             notifier.close()
 
     async def _run(self, notifier: Notifier) -> int:
+        await self._connect()
+        if not await self._apply_first(notifier):
+            return 0
+        log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
+                 f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
+                 f", {self.workers.count} processes" if self.workers.count > 1 else "")
+        notifier.ready(f"running {len(self.schedulers)} scheduler(s)")
+        await self._serve()
+        await self._drain(notifier)
+        return 0
+
+    async def _connect(self) -> None:
+        """Where the server is (a worker: where the first process says), and what serves beside the
+        schedulers: the metrics endpoint, the first process's workers."""
         if self.cfg.svc("metrics_listen"):
             self.monitoring = Monitoring(self.cfg.svc("metrics_listen"), self.worker is None, self.health,
                                          self.cfg.svc("metrics_groups"), self.cfg.svc("metrics_refresh"))
@@ -513,11 +401,14 @@ class Supervisor:
             self.workers = Workers(self.config_path, self.conninfo,
                                    self.monitoring.process_gone if self.monitoring is not None else None)
         self.restart_after, self.conf_restart = 60.0, 60.0
+
+    async def _apply_first(self, notifier: Notifier) -> bool:
+        """Apply the configuration, waiting for the server with a backoff; False: stopped meanwhile."""
         backoff = Backoff()
         while True:
             try:
                 await self.apply()
-                break
+                return True
             except cfgmod.ConfigError:
                 raise
             except psycopg.OperationalError as exc:
@@ -527,13 +418,12 @@ class Supervisor:
                 notifier.ready("waiting for the server")
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), delay)
-                    return 0
+                    return False
                 except TimeoutError:
                     pass
-        log.info("pgtask running: %d scheduler(s)%s", len(self.schedulers),
-                 f" (worker process {self.worker[0]}/{self.worker[1]})" if self.worker else
-                 f", {self.workers.count} processes" if self.workers.count > 1 else "")
-        notifier.ready(f"running {len(self.schedulers)} scheduler(s)")
+
+    async def _serve(self) -> None:
+        """Until SIGTERM: re-read the configuration on SIGHUP and every pg_conf.restart seconds."""
         while not self.stop_event.is_set():
             waiters = [asyncio.create_task(self.stop_event.wait()), asyncio.create_task(self.reload_event.wait())]
             _, pending = await asyncio.wait(waiters, timeout=self.conf_restart,
@@ -547,6 +437,9 @@ class Supervisor:
             self.reload_event.clear()
             log.info("re-reading configuration")
             await self.reload()
+
+    async def _drain(self, notifier: Notifier) -> None:
+        """Drain the schedulers and the workers, then stop what serves beside them."""
         log.info("SIGTERM: draining")
         notifier.stopping()
         if self.workers is not None:
@@ -563,4 +456,3 @@ class Supervisor:
             log.info("stopping the embedded PostgreSQL")
             await asyncio.to_thread(self.cluster.stop, "fast")
         log.info("stopped")
-        return 0

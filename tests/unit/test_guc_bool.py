@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pgtask import spi
-from pgtask.config import parse_bool
+from pgtask.config import ConfigError, parse_bool
+from pgtask.precedence import convert
 
 pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
 
@@ -37,3 +38,15 @@ def test_spi_setting_uses_it():
     assert spi.use_spi(None, default=True) == (True, None)
     flag, error = spi.use_spi("o", default=True)
     assert flag is False and 'invalid value for parameter "pg_task.spi": "o"' in error
+
+
+@pytest.mark.parametrize("value", TRUE + FALSE + NEITHER)
+def test_a_setting_the_server_holds_uses_it(value):
+    """pg_task.spi set by postgresql.conf, ALTER SYSTEM/DATABASE/ROLE: the same spellings, and a
+    non-boolean refused naming the setting."""
+    flag = parse_bool(value)
+    if flag is None:
+        with pytest.raises(ConfigError, match=r"^pg_task\.spi: invalid value .* \(expected bool\)$"):
+            convert("pg_task.spi", value)
+    else:
+        assert convert("pg_task.spi", value) is flag

@@ -16,7 +16,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-log = logging.getLogger("pgtask.notify")
+log = logging.getLogger("pgtask.systemd_notify")
 
 ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 

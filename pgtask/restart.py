@@ -1,4 +1,4 @@
-"""Supervision of the service's internal loops: a loop that fails or ends while the service runs is
+"""Restarting the service's internal loops: a loop that fails or ends while the service runs is
 logged and started again after a backoff -- never left dead, unnoticed."""
 
 from __future__ import annotations
