@@ -1,4 +1,4 @@
-"""A hung service: systemd's watchdog protocol (pgtask/notify.py). The service pings from its event
+"""A hung service: systemd's watchdog protocol (pgtask/systemd_notify.py). The service pings from its event
 loop; a stopped one pings no more (systemd then kills and restarts it), and the first process
 kills a worker process of its own that stops pinging, which is then started again."""
 
