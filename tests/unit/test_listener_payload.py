@@ -29,7 +29,8 @@ def test_a_hint(payload, hint):
     "stop 9999999999999999999",          # 19 digits, too large
     "stop 99999999999999999999",         # 20 digits
     "stop " + "9" * 4000,                # a huge number is not converted
-    "stop \u0664\u0662", "stop \uff14\uff12", "stop \u00b2",  # digits int() would read: Arabic-Indic, fullwidth, ²
+    # digits int() would read: Arabic-Indic, fullwidth, ²
+    "stop \u0664\u0662", "stop \uff14\uff12", "stop \u00b2",
     "stop 1 2", "stop 1,2", "stop 1;DROP TABLE task", "wake; stop 1", "'wake'", '"wake"',
     "x" * 7999,                          # the longest payload NOTIFY takes
     "\udcff",                            # a byte the client encoding could not read

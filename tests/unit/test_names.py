@@ -19,15 +19,18 @@ def test_the_channel_is_the_tables_oid():
 
 
 def test_the_objects_beside_a_table():
-    assert [names.extra_table("task", k) for k in ("schedule", "occurrence", "keys", "groups", "service")] \
-        == ["task_schedule", "task_occurrence", "task_key", "task_group", "task_service"]
+    kinds = ("schedule", "occurrence", "keys", "groups", "service")
+    assert [names.extra_table("task", k) for k in kinds] == \
+        ["task_schedule", "task_occurrence", "task_key", "task_group", "task_service"]
     assert [names.liveness_table("task", k) for k in names.LIVENESS_TABLES] == ["task_claim", "task_instance"]
-    assert names.author_role("task") == "task_user" and names.function_name("jobs", "enqueue") == "jobs_enqueue"
+    assert names.author_role("task") == "task_user"
+    assert names.function_name("jobs", "enqueue") == "jobs_enqueue"
     with pytest.raises(KeyError):
         names.extra_table("task", "nope")
 
 
-@pytest.mark.parametrize("name", ["", "x", "x" * 63, "é" * 31 + "x", 'a"b', "it's; DROP", "a\x00b", "tâsk \"x\""])
+@pytest.mark.parametrize("name", ["", "x", "x" * 63, "é" * 31 + "x", 'a"b', "it's; DROP", "a\x00b",
+                                  "tâsk \"x\""])
 def test_a_name_of_at_most_63_bytes_is_kept_as_it_is(name):
     assert ident_name(name) == name
 
