@@ -69,6 +69,13 @@ def test_a_limit_of_zero_keeps_only_the_notice():
     assert out.value() == "\n... [output truncated at 0 bytes by pgtask]"
 
 
+def test_the_limit_counts_characters():
+    """docs/reference.md: output_limit is the characters of output kept (the notice's word is bytes)."""
+    out = Output(Format(), 3)
+    out.piece("é\U0001F600éé")
+    assert out.value() == "é\U0001F600é\n... [output truncated at 3 bytes by pgtask]"
+
+
 def test_a_piece_exactly_at_the_limit_is_not_cut():
     out = Output(Format(), 3)
     out.piece("abc")
