@@ -6,7 +6,7 @@ import pytest
 from pgtask import patterns
 from pgtask.sql import parse, query
 
-pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
 
 
 def test_an_include_is_filled_in_before_any_renderer_sees_the_text():

@@ -22,6 +22,7 @@ def end(db, task_id: int, state: str = "DONE", error: str | None = None) -> None
     db.execute("UPDATE task SET state = %s, stop = now(), error = %s WHERE id = %s", (state, error, task_id))
 
 
+@pytest.mark.quick
 def test_waits_until_every_dependency_ended_done(db):
     a, b = db.insert("SELECT 1"), db.insert("SELECT 2")
     c = db.insert("SELECT 3", after=[b, a, b], plan="2000-01-01")
@@ -168,6 +169,7 @@ def test_a_diamond_runs_in_order(db):
     assert db.task(a) is None  # deleted at its finish: no output, no error
 
 
+@pytest.mark.quick
 def test_dependents_released_once_after_a_crash(db, service_factory):
     """The service SIGKILLed while the dependency runs: after the restart it runs again, and its
     dependents are released once and run once."""

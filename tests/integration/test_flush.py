@@ -14,6 +14,7 @@ def prepared_names(sched) -> set[str]:
     return set().union(*(names.keys() for names in sched.queries.prepared.values()))
 
 
+@pytest.mark.quick
 def test_plain_finishes_take_the_lean_statement_and_a_repeat_the_full_one(db):
     plain = [db.insert("SELECT 1", group=f"g{i}") for i in range(3)]
     lost = db.insert("SELECT 1", group="lost")
@@ -66,6 +67,7 @@ def test_a_finish_blocked_by_a_row_lock_does_not_hold_up_the_others(db, service,
     assert db.wait_state(slow)["state"] == "DONE"
 
 
+@pytest.mark.quick
 def test_a_groups_next_task_is_claimed_in_the_commit_that_finishes_the_previous_one(db):
     """The claim pass writes the finishes waiting to be written first in its own transaction: a
     serial group's next task is claimed in the transaction that finishes the one before (a user's
@@ -143,6 +145,7 @@ def test_a_task_of_the_cohort_that_runs_on_is_waited_for_once(db):
     assert [db.task(i)["state"] for i in ids] == ["DONE", "DONE", "TAKE"]
 
 
+@pytest.mark.quick
 def test_finishes_are_written_while_claim_passes_wait_for_the_claim_lock(db, service):
     """Another instance holding the table's claim lock stalls the claim passes, not the finishes:
     a pass carrying finishes gives up waiting after SLOW_FLUSH and hands them to a writer."""

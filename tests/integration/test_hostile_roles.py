@@ -53,6 +53,7 @@ def test_a_forged_stop_notification_cancels_nothing(db, service, remote):
     assert (row["state"], row["error"]) == ("DONE", None), row
 
 
+@pytest.mark.quick
 def test_malformed_notifications_leave_the_listener_listening(db, service_factory):
     """Payloads no trigger sends are ignored: the listener still wakes the claims (the poll floor here
     is 300 s) and still cancels a stopped remote task."""
@@ -70,6 +71,7 @@ def test_malformed_notifications_leave_the_listener_listening(db, service_factor
     assert row["error"].startswith("ERROR:  canceling statement due to user request"), row["error"]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(("payload", "hint"), [
     ("wake", ("wake", None)), ("schedule", ("schedule", None)), ("stop 42", ("stop", 42)),
     ("stop 9223372036854775807", ("stop", 9223372036854775807)), ("stop 9223372036854775808", None),

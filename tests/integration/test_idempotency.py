@@ -27,6 +27,7 @@ def test_provision_other_schema_and_table(cluster, db):
     assert provision_again(db, "jobs", "queue").actions == []
 
 
+@pytest.mark.quick
 def test_key_returns_original_id(db):
     first = enqueue(db, "SELECT 1", "order-42")
     assert first[1] is True

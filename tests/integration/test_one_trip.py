@@ -96,6 +96,7 @@ def test_the_one_trip_preamble_says_nothing(db, monkeypatch):
     assert notices == []
 
 
+@pytest.mark.quick
 def test_one_round_trip_keeps_output_and_error_text(db, monkeypatch):
     trips = Trips(monkeypatch)
     results = run_tasks(db, ["SELECT 1", "SELECT * FROM missing_table", "SELECT 1 AS a; SELECT 1/0",

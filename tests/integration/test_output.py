@@ -63,6 +63,7 @@ def test_dangling_begin_is_committed(db, service):
     assert db.value("SELECT count(*) FROM kept") == 1
 
 
+@pytest.mark.quick
 def test_statements_are_one_transaction(db, service):
     db.execute("CREATE TABLE atomic (a int)")
     task_id = db.insert("INSERT INTO atomic VALUES (1); SELECT 1/0")
@@ -76,6 +77,7 @@ def test_delete_false_keeps_empty_row(db, service):
     assert row["state"] == "DONE" and row["output"] is None and row["error"] is None
 
 
+@pytest.mark.quick
 def test_output_and_error_on_a_reused_session(db, service):
     """The same cases one after another through one service: from the second task on, the session
     is reused and plain input shares the preamble's round trip (test_one_trip.py); nothing of the
@@ -147,6 +149,7 @@ def test_remote_input_that_changes_client_encoding(db, service):
         assert output.split("\n")[-1] in (row["output"] or "").split("\n"), (input_text, row["output"])
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("mode", ["local", "spi", "remote"])
 def test_errors_are_written_as_the_servers_log_settings_have_them(db, service_factory, mode):
     """A task's error is written as the server log would write it: log_error_verbosity verbose adds

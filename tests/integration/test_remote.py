@@ -162,6 +162,7 @@ def test_binary_copy_to_stdout_is_written_with_its_nul_bytes_replaced(db, servic
 
 # -- the session the remote side sees -------------------------------------------------------------
 
+@pytest.mark.quick
 def test_session_settings(db, service, far):
     dsn, _ = far
     group = "it's a \\group"
@@ -264,6 +265,7 @@ def test_unreachable_host_fails_within_connect_timeout(db, service_factory, blac
     assert row["error"] == 'ERROR:  PQstatus == CONNECTION_BAD\nDETAIL:  invalid integer value "abc" for connection option "port"', row
 
 
+@pytest.mark.quick
 def test_stop_cancels_running_remote_task(db, service, far):
     dsn, fconn = far
     i = db.insert("SELECT pg_sleep(60)", remote=dsn)

@@ -8,6 +8,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 from support import wait_for
 
 from pgtask.maintenance import KeyExpiry, Maintenance, MaintenanceOptions, Retention
@@ -44,6 +45,7 @@ def finish(db, task_id: int, stop: datetime | None) -> None:
     db.execute("ALTER TABLE task ENABLE TRIGGER task_update")
 
 
+@pytest.mark.quick
 def test_deletes_old_finished_rows_in_batches(db):
     old = finished(db, "DONE", 10, n=25)
     fail = finished(db, "FAIL", 10)

@@ -47,6 +47,7 @@ def test_a_repeat_far_in_the_past_is_computed_at_once(db, service, plan, repeat)
     assert on_grid and first_after, (nxt, row["stop"])
 
 
+@pytest.mark.quick
 def test_the_least_max_pauses_its_group(db, service):
     """max = -2147483648: a pause of 24.8 days. The finish writes the output and pushes the
     group's other due row ahead."""
@@ -78,6 +79,7 @@ def _extremes(db) -> list[dict]:
     return rows
 
 
+@pytest.mark.quick
 def test_extreme_values_run(db, service):
     ids = []
     for i, columns in enumerate(_extremes(db)):

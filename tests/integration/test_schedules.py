@@ -54,6 +54,7 @@ def test_new_schedule_gets_cursor_and_preview(db):
     assert plans(db) == []  # nothing for the past or present
 
 
+@pytest.mark.quick
 def test_due_occurrence_becomes_one_task(db):
     db.execute("CREATE ROLE sched_bob LOGIN")
     add(db, cron="0 * * * *", columns=psycopg.types.json.Jsonb({"group": "reports", "timeout": "1 min"}),
@@ -170,6 +171,7 @@ def test_dst_spring_forward_berlin(db):
                                          datetime(2026, 3, 29, 1, 0, tzinfo=UTC)]
 
 
+@pytest.mark.quick
 def test_dst_fall_back_berlin(db):
     """2026-10-25 03:00 CEST -> 02:00 CET: 02:30 happens twice. A fixed-hour schedule runs once
     (the first); an every-30-minutes one runs at both."""

@@ -18,6 +18,7 @@ from pgtask.connect import group_settings
 from pgtask.session_pool import SessionPool
 
 
+@pytest.mark.quick
 def test_a_burst_beyond_the_idle_cap_reuses_its_sessions(db, service):
     """40 tasks at once (the pool keeps 32 idle sessions a role without a time limit): the next
     burst runs on the same 40 backends, none is opened again. (Each task sleeps long enough for
@@ -107,6 +108,7 @@ def test_a_burst_of_short_tasks_in_many_groups_runs_on_few_backends(db, service)
     assert backends <= 100, f"{backends} backends for 200 short tasks"
 
 
+@pytest.mark.quick
 def test_tasks_that_wait_for_each_other_each_get_a_session(db, service):
     """Opening few sessions at a time never caps how many run at once: 12 tasks in 12 groups that
     only end once all 12 are running (each holds a shared advisory lock and waits for the other

@@ -83,6 +83,7 @@ def test_restriction_table_spi(db, service_factory):
     assert rows["_t"] == []
 
 
+@pytest.mark.quick
 def test_spi_is_atomic_where_local_is_not(db, service_factory):
     """A statement that commits on its own locally (after an explicit COMMIT) cannot in SPI mode;
     and VACUUM, which cannot run in a transaction block, fails in SPI mode with the server's error."""

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from support import wait_for
 
 LONG = "nightly-ledger-reconciliation-eu-west-1"  # 39 characters
@@ -18,6 +19,7 @@ def cli(cluster, db, *args):
     return result
 
 
+@pytest.mark.quick
 def test_status_leads_with_liveness_and_aligns_its_columns(db, cluster, service):
     assert len(LONG) == 39
     ids = [db.insert("SELECT 1", group=LONG) for _ in range(3)] + [db.insert("SELECT 1/0", group="a")]
@@ -51,6 +53,7 @@ def test_status_leads_with_liveness_and_aligns_its_columns(db, cluster, service)
     assert "longest running: task" in result.stdout and "SELECT pg_sleep(1)" in result.stdout
 
 
+@pytest.mark.quick
 def test_config_names_the_server_and_what_empty_means(db, cluster):
     result = cli(cluster, db, "config")
     assert result.returncode == 0, result.stderr
@@ -59,6 +62,7 @@ def test_config_names_the_server_and_what_empty_means(db, cluster):
     assert 'pgtask.retention = ""    # default; finished tasks are kept for ever' in result.stdout
 
 
+@pytest.mark.quick
 def test_status_shows_paused_and_rate_limited_groups(db, cluster, service):
     """A paused group's overdue tasks wait by design: the verdict stays OK, and the flow table says why."""
     db.execute("""INSERT INTO task_group ("group", paused) VALUES ('held', true)""")

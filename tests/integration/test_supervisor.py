@@ -109,6 +109,7 @@ def test_a_reload_while_the_server_is_read_only_is_a_warning_and_applied_later(d
     assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
 
 
+@pytest.mark.quick
 def test_sighup_does_not_interrupt_running_tasks(db, service):
     task_id = db.insert("SELECT pg_sleep(1.5)")
     db.wait_state(task_id, states=("WORK",))

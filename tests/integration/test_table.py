@@ -28,6 +28,7 @@ def test_a_table_of_an_earlier_version_gets_dependencies(db):
     assert db.value("SELECT state::text FROM old.task WHERE id = %s", (b,)) == "WAIT"
 
 
+@pytest.mark.quick
 def test_defaults_are_the_manuals(db):
     task_id = db.insert("SELECT 1")
     row = db.task(task_id)
@@ -78,6 +79,7 @@ def test_provision_replaces_the_running_index_of_earlier_versions(db):
     assert provision_again(db).actions == []
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "tâsk \"x\"")])
 def test_hostile_names(db, schema, table):
     report = provision_again(db, schema, table)
@@ -88,6 +90,7 @@ def test_hostile_names(db, schema, table):
     assert provision_again(db, schema, table).actions == []
 
 
+@pytest.mark.quick
 def test_settings_cascade(db, cluster):
     """config (ALTER SYSTEM) < ALTER DATABASE < ALTER ROLE < SET < the row."""
     db.role("cascade_user")
@@ -268,6 +271,7 @@ PATH = {"PLAN": [], "TAKE": ["TAKE"], "WORK": ["TAKE", "WORK"], "DONE": ["TAKE",
         "FAIL": ["TAKE", "FAIL"], "GONE": ["GONE"], "STOP": ["STOP"]}
 
 
+@pytest.mark.quick
 def test_state_machine_exactly(db):
     for old in STATES:
         for new in STATES:

@@ -9,7 +9,7 @@ from pgtask import spi
 from pgtask.config import ConfigError, parse_bool
 from pgtask.precedence import convert
 
-pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
 
 TRUE = ["on", "ON", "true", "tru", "tr", "t", "TRUE", "yes", "ye", "y", "1", " on ", "t ", "\ton"]
 FALSE = ["off", "of", "Of", "false", "fals", "fal", "fa", "f", "no", "n", "0"]

@@ -9,7 +9,7 @@ import pytest
 
 from pgtask import readable
 
-pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -10,7 +10,7 @@ import pytest
 
 from pgtask import sql_print
 
-pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
 
 RENDERED = Path(__file__).parent.parent / "sql" / "rendered"
 REGENERATE = f".venv/bin/pgtask sql --write {RENDERED.relative_to(Path(__file__).parent.parent.parent)}"

@@ -8,7 +8,7 @@ import pytest
 from pgtask import patterns, status
 from pgtask.sql import queries, query
 
-pytestmark = pytest.mark.any_pg  # no server: the first pass of ./test runs it
+pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
 
 
 @pytest.mark.parametrize("name", sorted(queries("status.sql")))
