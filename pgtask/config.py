@@ -113,7 +113,7 @@ MAINTENANCE_KEYS = ("schedule_interval", "schedule_batch", "retention", "retenti
 def parse_listen(value: str) -> tuple[str, int]:
     """``metrics_listen``'s "HOST:PORT" (IPv6 as "[::1]:9464"; no host: 127.0.0.1) -> (host, port)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(f"pgtask.metrics_listen: expected HOST:PORT (e.g. 127.0.0.1:9464), got {value!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
@@ -297,10 +297,10 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
                 raise ConfigError(f"{top}: expected a table of settings")
             for key, v in value.items():
                 name = f"{top}.{key}"
-                if name not in BY_NAME:
-                    raise ConfigError(f"{name}: unknown setting")
                 if name == "pg_task.id":
                     raise ConfigError(f"{name}: read-only, set per task")
+                if name not in BY_NAME:
+                    raise ConfigError(f"{name}: unknown setting")
                 if BY_NAME[name].column is not None:
                     raise ConfigError(
                         f"{name}: the default of task column {BY_NAME[name].column!r} is read by PostgreSQL "

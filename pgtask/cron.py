@@ -48,7 +48,7 @@ class Cron:
         self.expr = " ".join(expr.split())
         try:
             self.tz = ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name no file can have
             raise CronError(f"unknown time zone {timezone!r}") from None
         fields = self.expr.split(" ")
         if len(fields) == 1 and fields[0].lower() in MACROS:
@@ -66,7 +66,9 @@ class Cron:
             croniter(self.expr, datetime.now(self.tz), second_at_beginning=self.seconds)
         except (CroniterError, ValueError, KeyError) as exc:
             raise CronError(f"cron expression {expr!r}: {exc}") from None
-        self.every_hour = self.hour_field.startswith("*")
+        # "every so often" (both passes of a repeated hour): a wildcard or a step in any form --
+        # */2, 0/2 and 0-23/2 name the same hours
+        self.every_hour = self.hour_field.startswith("*") or "/" in self.hour_field
 
     def _iter(self, start: datetime, backwards: bool = False) -> croniter:
         return croniter(self.expr, start.astimezone(self.tz), second_at_beginning=self.seconds,
