@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 
 from . import sql as named
 from .config import ConfigError, Entry, parse_listen
-from .names import ident_name, table_names
+from .names import beside, table_names
 
 log = logging.getLogger("pgtask.metrics")
 
@@ -229,7 +229,7 @@ class TableStats:
         estimate = texts.pop("ended_estimate")
         del texts["read_settings"]  # the connection's (READ_SETTINGS), run once at connect
         # the run log of the scheduled maintenance notebook (pgtask/notebook_run.py)
-        maintenance = sql.Identifier(entry.schema, ident_name(f"{entry.table}_maintenance_run"))
+        maintenance = sql.Identifier(entry.schema, beside(entry.table, "maintenance_run"))
         self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"],
                                                    maintenance=maintenance)
                         for name, text in texts.items()}

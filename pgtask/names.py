@@ -3,6 +3,8 @@ functions, tables and roles beside the table (``<table>_<kind>``), and its NOTIF
 
 from __future__ import annotations
 
+import hashlib
+
 from psycopg import sql
 
 
@@ -29,18 +31,34 @@ LIVENESS_TABLES = ("claim", "instance")
 
 def liveness_table(table: str, kind: str) -> str:
     """The name of a table's claim lock table (``kind`` claim) or instance table (instance)."""
-    return ident_name(f"{table}_{kind}")
+    return beside(table, kind)
 
 
 def extra_table(table: str, kind: str) -> str:
     """The name of a table beside the task table: ``kind`` a key of EXTRA_TABLES (``groups``: the
     group table, read by the claim)."""
-    return ident_name(f"{table}_{EXTRA_TABLES[kind]}")
+    return beside(table, EXTRA_TABLES[kind])
 
 
 def function_name(table: str, kind: str) -> str:
     """The name of a table's trigger function or helper function (``<table>_<kind>``)."""
-    return ident_name(f"{table}_{kind}")
+    return beside(table, kind)
+
+
+# A table name up to this many bytes names the objects beside it <table>_<kind> cut to 63 bytes as
+# PostgreSQL cuts them (those names stay unique); a longer one (provisioning accepts up to 63 bytes)
+# would make two of them one name, so its own part is shortened and a hash of it added instead.
+PLAIN_CUT_UP_TO = 53
+
+
+def beside(table: str, kind: str) -> str:
+    """The name of an object beside ``table``: ``<table>_<kind>``, cut as PostgreSQL would, or for a
+    table name over PLAIN_CUT_UP_TO bytes ``<table, shortened>_<8 hex of its hash>_<kind>``."""
+    raw = table.encode()
+    if len(raw) <= PLAIN_CUT_UP_TO:
+        return ident_name(f"{table}_{kind}")
+    tail = f"_{hashlib.sha256(raw).hexdigest()[:8]}_{kind}"
+    return ident_name(raw[:63 - len(tail.encode())].decode(errors="ignore") + tail)
 
 
 def ident_name(name: str) -> str:
@@ -54,7 +72,7 @@ def ident_name(name: str) -> str:
 def table_names(schema: str, table: str) -> dict[str, sql.Composable]:
     """The task table and the tables beside it (EXTRA_TABLES), with its enqueue function."""
     ids: dict[str, sql.Composable] = {"table": sql.Identifier(schema, table),
-                                      "enqueue": sql.Identifier(schema, ident_name(f"{table}_enqueue"))}
+                                      "enqueue": sql.Identifier(schema, beside(table, "enqueue"))}
     for kind, suffix in EXTRA_TABLES.items():
-        ids[kind] = sql.Identifier(schema, ident_name(f"{table}_{suffix}"))
+        ids[kind] = sql.Identifier(schema, beside(table, suffix))
     return ids

@@ -28,11 +28,11 @@ import psycopg
 from psycopg import sql
 
 from pgtask import sql as named
-from pgtask.names import ident_name
+from pgtask.names import beside
 
 def run_log(schema: str, table: str) -> sql.Identifier:
     """The entry's run log of maintenance runs, beside its task table."""
-    return sql.Identifier(schema, ident_name(f"{table}_maintenance_run"))
+    return sql.Identifier(schema, beside(table, "maintenance_run"))
 
 
 def summary(executed: Path) -> str:

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from .config import SETTINGS
-from .names import channel, function_name, ident_name
+from .names import beside, channel, function_name
 from .provision_beside import BesideTables
 from .provision_context import Report, TableContext, change, look_up, one, rows
 from .provision_grants import Grants
@@ -227,7 +227,7 @@ class TableProvisioner:
                 self.report.add(f"set NOT NULL on {self.name}.{col}")
         have = {r[0] for r in await rows(c, look_up("check_constraints"), (self.ctx.name_literal(),))}
         for col, check in CHECKS.items():
-            name = ident_name(f"{self.table}_{col}_check")
+            name = beside(self.table, f"{col}_check")
             if name not in have:
                 await c.execute(change("add_check", table=table, constraint=sql.Identifier(name),
                                        check=sql.SQL(check)))
@@ -237,7 +237,7 @@ class TableProvisioner:
         c = self.conn
         have = {r[0] for r in await rows(c, look_up("index_names"), (self.ctx.name_literal(),))}
         for suffix, query_name in INDEXES.items():
-            name = ident_name(f"{self.table}_{suffix}")
+            name = beside(self.table, suffix)
             if name not in have:
                 await c.execute(self.ctx.q("table.sql", query_name, index=sql.Identifier(name)))
                 self.report.add(f"created index {name}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from . import sql as named
-from .names import EXTRA_TABLES, LIVENESS_TABLES, channel, extra_table, ident_name, liveness_table
+from .names import EXTRA_TABLES, LIVENESS_TABLES, beside, channel, extra_table, liveness_table
 from .provision_context import TableContext, change, look_up
 
 # index name suffix -> (table it is on, query in schedule.sql)
@@ -39,7 +39,7 @@ class BesideTables:
         """The placeholders of schedule.sql: the task table's, the tables beside it and the view by
         kind, the table as a literal for ::regclass, its NOTIFY channel."""
         ctx = self.ctx
-        return {**ctx.ids, **{kind: sql.Identifier(ctx.schema, ident_name(f"{ctx.table}_{suffix}"))
+        return {**ctx.ids, **{kind: sql.Identifier(ctx.schema, beside(ctx.table, suffix))
                               for kind, suffix in {**EXTRA_TABLES, "open": OPEN_VIEW}.items()},
                 "regclass": sql.Literal(ctx.name_literal()), "channel": sql.Literal(channel(oid))}
 
@@ -63,7 +63,7 @@ class BesideTables:
     async def tables(self, ids: dict, q) -> None:
         ctx = self.ctx
         for kind, suffix in EXTRA_TABLES.items():
-            rel = ident_name(f"{ctx.table}_{suffix}")
+            rel = beside(ctx.table, suffix)
             if await ctx.relation(rel) is None:
                 await ctx.conn.execute(q(f"create_{kind}"))
                 await ctx.conn.execute(q(f"comment_{kind}"))
@@ -75,12 +75,12 @@ class BesideTables:
     async def indexes(self, oid: int, q) -> None:
         ctx = self.ctx
         for suffix, (on, query_name) in EXTRA_INDEXES.items():
-            rel = ident_name(f"{ctx.table}_{suffix}")
+            rel = beside(ctx.table, suffix)
             if await ctx.relation(rel) is None:
                 await ctx.conn.execute(q(query_name, index=sql.Identifier(rel)))
                 ctx.report.add(f"created index {rel}")
         for suffix in OBSOLETE_INDEXES:
-            rel = ident_name(f"{ctx.table}_{suffix}")
+            rel = beside(ctx.table, suffix)
             index = sql.Identifier(ctx.schema, rel)
             if await ctx.one(look_up("index_on"), (index.as_string(ctx.conn), oid)) is not None:
                 await ctx.conn.execute(change("drop_index", index=index))
@@ -89,7 +89,7 @@ class BesideTables:
     async def function(self, suffix: str, query_name: str, trigger_on: str | None, q) -> None:
         """One function of EXTRA_FUNCTIONS, and its trigger on ``trigger_on``'s table."""
         ctx, c = self.ctx, self.ctx.conn
-        fn_name = ident_name(f"{ctx.table}_{suffix}")
+        fn_name = beside(ctx.table, suffix)
         fn = sql.Identifier(ctx.schema, fn_name)
         create_fn = q(query_name, fn=fn)
         body = create_fn.as_string(c).split("$body$")[1]
@@ -102,14 +102,14 @@ class BesideTables:
         if trigger_on is None:
             return
         target = ctx.name_literal() if trigger_on == "table" else sql.Identifier(
-            ctx.schema, ident_name(f"{ctx.table}_{EXTRA_TABLES[trigger_on]}")).as_string(c)
+            ctx.schema, beside(ctx.table, EXTRA_TABLES[trigger_on])).as_string(c)
         if await ctx.one(look_up("trigger_exists"), (target, fn_name)) is None:
             await c.execute(q(f"{query_name}_trigger", fn=fn, trigger=sql.Identifier(fn_name)))
             ctx.report.add(f"created trigger {fn_name}")
 
     async def open_view(self, ids: dict, q) -> None:
         ctx = self.ctx
-        rel = ident_name(f"{ctx.table}_{OPEN_VIEW}")
+        rel = beside(ctx.table, OPEN_VIEW)
         if await ctx.relation(rel) is None:
             await ctx.conn.execute(q("create_open"))
             await ctx.conn.execute(q("comment_open"))
@@ -129,7 +129,7 @@ class BesideTables:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
         table is converted; the row-level security policy keeps a role to its rows: policy)."""
         ctx = self.ctx
-        rel = ident_name(f"{ctx.table}_{EXTRA_TABLES['keys']}")
+        rel = beside(ctx.table, EXTRA_TABLES['keys'])
         regclass = keys.as_string(ctx.conn)
         if await ctx.one(look_up("column_exists", column=sql.Literal("user")), (regclass,)) is None:
             orphans, pkey = await ctx.one(look_up("keys_to_convert", keys=keys, table=ctx.ids["table"]),
@@ -141,8 +141,8 @@ class BesideTables:
     async def policy(self, kind: str, query_name: str, q) -> None:
         """The row-level security that keeps a role to its own rows of a table beside the task table."""
         ctx = self.ctx
-        rel = ident_name(f"{ctx.table}_{EXTRA_TABLES[kind]}")
-        policy = ident_name(f"{rel}_role")
+        rel = beside(ctx.table, EXTRA_TABLES[kind])
+        policy = beside(ctx.table, f"{EXTRA_TABLES[kind]}_role")  # <table>_key_role, named from the table as the rest
         if await ctx.one(look_up("policy_exists"),
                          (sql.Identifier(ctx.schema, rel).as_string(ctx.conn), policy)) is None:
             await ctx.conn.execute(q(query_name, policy=sql.Identifier(policy)))

@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from . import sql as named
-from .names import ident_name
+from .names import beside
 
 
 @dataclass
@@ -60,11 +60,11 @@ class TableContext:
             "table": sql.Identifier(schema, table),
             "state": sql.Identifier(schema, "state"),
             # the roles the service runs as for this table (see "update" in triggers.sql)
-            "service": sql.Identifier(schema, ident_name(f"{table}_service")),
+            "service": sql.Identifier(schema, beside(table, "service")),
             # whether a role writes for the service (is_service in schedule.sql): every guard asks it
-            "is_service": sql.Identifier(schema, ident_name(f"{table}_is_service")),
+            "is_service": sql.Identifier(schema, beside(table, "is_service")),
             # the names of a jsonb of task columns a user may not set (unsettable in schedule.sql)
-            "unsettable": sql.Identifier(schema, ident_name(f"{table}_unsettable")),
+            "unsettable": sql.Identifier(schema, beside(table, "unsettable")),
         }
         self.name = f"{schema}.{table}"
 

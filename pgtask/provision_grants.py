@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from .names import EXTRA_TABLES, author_role, function_name, ident_name
+from .names import EXTRA_TABLES, author_role, beside, function_name
 from .provision_context import TableContext, change, look_up
 
 # The privileges a table's authors' role holds: (kind of object, which object, privileges). The
@@ -70,9 +70,9 @@ class Grants:
         for kind, suffix in EXTRA_TABLES.items():
             if kind != "service":
                 await self.grant_missing(ctx.owner, "TABLE", sql.Identifier(
-                    ctx.schema, ident_name(f"{ctx.table}_{suffix}")), dml)
+                    ctx.schema, beside(ctx.table, suffix)), dml)
         await self.grant_missing(ctx.owner, "SEQUENCE", sql.Identifier(
-            ctx.schema, ident_name(f"{ctx.table}_{EXTRA_TABLES['schedule']}")), ("USAGE",))
+            ctx.schema, beside(ctx.table, EXTRA_TABLES['schedule'])), ("USAGE",))
 
     async def authors(self, ids: dict) -> None:
         """The table's authors' role (author_role): created NOLOGIN when missing, where the

@@ -40,7 +40,7 @@ import psycopg
 from psycopg import sql
 
 from .. import sql as service_sql
-from ..names import ident_name
+from ..names import beside
 from ..provision import Report
 
 __all__ = [
@@ -148,7 +148,7 @@ def options(pattern: str, table: str, given: dict | None = None) -> dict[str, ob
 
 def names(table: str, suffix: str) -> str:
     """The name of a pattern object: the table's name, an underscore, the suffix (63 bytes at most)."""
-    return ident_name(f"{table}_{suffix}")
+    return beside(table, suffix)
 
 
 def marker(pattern: str, schema: str, table: str, name: str) -> str:

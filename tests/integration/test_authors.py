@@ -45,7 +45,8 @@ def test_provisioning_creates_the_authors_role(db):
     assert provision_again(db).actions == []
 
 
-@pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "ü" * 25 + "\"x")])
+@pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "ü" * 25 + "\"x"),
+                                          ("public", "l" * 63)])  # the longest: names beside it hashed
 def test_hostile_names(db, schema, table):
     """The role is named after the table, whatever its characters; an author uses it there."""
     provision_again(db, schema, table)

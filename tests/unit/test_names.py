@@ -48,11 +48,11 @@ def test_a_longer_name_is_cut_as_the_catalog_stores_it(name, stored):
     assert ident_name(name) == stored and len(stored.encode()) <= 63
 
 
-def test_a_long_table_names_objects_are_cut_too():
+def test_a_long_table_names_objects_keep_their_kind_within_63_bytes():
     long = "t" * 60
-    assert names.extra_table(long, "schedule") == long + "_sc"
-    assert names.function_name(long, "enqueue") == long + "_en"
-    assert names.author_role(long) == long + "_us"
+    for made, kind in ((names.extra_table(long, "schedule"), "_schedule"),
+                       (names.function_name(long, "enqueue"), "_enqueue"), (names.author_role(long), "_user")):
+        assert made.startswith("t" * 40) and made.endswith(kind) and len(made.encode()) == 63, made
 
 
 def test_the_identifiers_of_a_hostile_name_are_quoted():
@@ -67,7 +67,8 @@ def test_the_task_table_keeps_its_own_name_uncut():
     """PostgreSQL cuts the table's own name itself; the names made from it are cut here."""
     ids = names.table_names("s", "x" * 70)
     assert ids["table"] == sql.Identifier("s", "x" * 70)
-    assert ids["enqueue"] == sql.Identifier("s", "x" * 63)
+    assert ids["enqueue"] == sql.Identifier("s", names.beside("x" * 70, "enqueue"))
+    assert names.beside("x" * 70, "enqueue").endswith("_enqueue")
 
 
 # the relations (tables, views, indexes: one namespace per schema) provisioning makes beside a table
@@ -75,17 +76,26 @@ RELATIONS = (*names.EXTRA_TABLES.values(), *names.LIVENESS_TABLES, provision_bes
              *provision_beside.EXTRA_INDEXES, *provision.INDEXES)
 
 
-@pytest.mark.parametrize("length", [
-    1, 20, 53,
-    # provisioning accepts a table name of up to 63 bytes (provision.check_identifier); from 54 bytes
-    # the cut makes <table>_schedule and its index <table>_schedule_due_idx one name
-    *(pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=(
-        "bug: a table name of 54-63 bytes, which provisioning accepts, gives two relations beside it "
-        "the same name (names.ident_name cuts the suffix: <table>_schedule = <table>_schedule_due_idx; "
-        "at 63 bytes every one is the table's own name)"))) for n in (54, 63)),
-])
-def test_every_relation_beside_a_table_has_a_name_of_its_own(length):
-    table = "t" * length
+@pytest.mark.parametrize("length", range(1, 64))  # provisioning accepts up to 63 bytes (check_identifier)
+@pytest.mark.parametrize("letter", ["t", "\u00e9"])  # 1 and 2 bytes a character
+def test_every_relation_beside_a_table_has_a_name_of_its_own(length, letter):
+    table = (letter * length).encode()[:length].decode(errors="ignore") or letter
     provision.check_identifier("table", table)  # accepted
-    made = [ident_name(f"{table}_{suffix}") for suffix in RELATIONS]
+    made = [names.beside(table, suffix) for suffix in RELATIONS]
     assert len(set(made)) == len(made) and table not in made, sorted(made)
+    assert all(len(name.encode()) <= 63 for name in made)
+
+
+def test_a_table_name_of_up_to_53_bytes_names_its_objects_as_postgresql_cuts_them():
+    """The names tables provisioned before keep: <table>_<kind>, cut to 63 bytes."""
+    table = "t" * 53
+    assert names.beside(table, "schedule_due_idx") == (table + "_schedule_due_idx")[:63]
+    assert names.beside("task", "schedule") == "task_schedule"
+
+
+def test_a_longer_table_name_is_shortened_with_a_hash_of_it_before_the_kind():
+    one, other = "a" * 60 + "one", "a" * 60 + "two"
+    made = names.beside(one, "schedule_due_idx")
+    assert made.endswith("_schedule_due_idx") and len(made.encode()) == 63
+    assert made.startswith("a" * 37) and made != names.beside(other, "schedule_due_idx")
+    assert made == names.beside(one, "schedule_due_idx")  # the same every time
