@@ -15,13 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from .connect import Backoff, Connection
-from .metrics import Sink
 from .output import simple_error
-from .queries import FINISH_PARAMS, FLUSH_PARAMS, Queries, finish_arrays
-from .task import FinishWrite, InFlight, Lifecycle, StartWrite, Task, Write
+from .parts import Parts
+from .queries import FINISH_PARAMS, FLUSH_PARAMS, finish_arrays
+from .task import FinishWrite, StartWrite, Task, Write
 
 log = logging.getLogger("pgtask.completer")
 T = TypeVar("T")
@@ -63,9 +62,9 @@ class Completer:
     # (11 finishes a pass on average instead of 15-16). (uvloop's timers count whole milliseconds.)
     COHORT_WAIT = 0.002
 
-    def __init__(self, queries: Queries, inflight: InFlight, life: Lifecycle, metrics: Sink, label: str):
-        self.queries, self.inflight, self.life, self.metrics, self.label = queries, inflight, life, metrics, label
-        self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started
+    def __init__(self, parts: Parts):
+        self.queries, self.inflight, self.life = parts.queries, parts.inflight, parts.life
+        self.metrics, self.label, self.writers = parts.metrics, parts.label, parts.writers
         self.pending: list[Write] = []
         self.flushers: dict[asyncio.Task, float] = {}  # flusher -> since when it writes its batch
         self.flush_check: asyncio.TimerHandle | None = None

@@ -13,17 +13,17 @@ import random
 from collections.abc import Awaitable, Callable
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from . import remote
 from .completer import Completer
-from .config import Entry
 from .connect import group_settings
+from .control import Control, ServerSettings
 from .executor import Session, SessionPool, run_input
 from .inputs import Held
 from .output import ErrorStyle, message, reason, simple_error
+from .parts import Parts
 from .queries import Queries, local_facts, ping
-from .task import InFlight, Lifecycle, NotStarted, Task
+from .task import NotStarted, Task
 
 log = logging.getLogger("pgtask.runner")
 
@@ -39,17 +39,13 @@ DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the servi
 
 class Runner:
     """The tasks of one scheduler while they run: ``dispatch`` starts one (the claim loop's
-    callback), ``cancel`` stops one (STOP, the grace period over). ``claim_next`` claims a group's
-    next task for a session within count/live, under ``control_lock`` (see complete)."""
+    callback), ``cancel`` stops one (STOP, the grace period over). ``control`` claims a group's
+    next task for a session within count/live, under its lock (see complete)."""
 
-    def __init__(self, entry: Entry, conninfo: str, options, queries: Queries, completer: Completer,
-                 inflight: InFlight, sessions: SessionPool, life: Lifecycle,
-                 claim_next: Callable[[Task, int, int, object], Awaitable[Task | None]],
-                 control_lock: asyncio.Lock, error_style: Callable[[], ErrorStyle]):
-        self.entry, self.conninfo, self.options, self.queries = entry, conninfo, options, queries
-        self.completer, self.inflight, self.sessions, self.life = completer, inflight, sessions, life
-        self.claim_next, self.control_lock, self.error_style = claim_next, control_lock, error_style
-        self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started
+    def __init__(self, parts: Parts, completer: Completer, control: Control, server: ServerSettings):
+        self.entry, self.conninfo, self.options, self.queries = parts.entry, parts.conninfo, parts.options, parts.queries
+        self.inflight, self.sessions, self.life, self.writers = parts.inflight, parts.sessions, parts.life, parts.writers
+        self.completer, self.control, self.server = completer, control, server
         self.tasks: set[asyncio.Task] = set()
         self.drain_cancelled: set[int] = set()
         self.remote_facts = remote.LocalFacts(self._local_facts)
@@ -108,7 +104,7 @@ class Runner:
             await self.completer.requeue(task)
             return None
         if task.keeps_session:
-            async with self.control_lock:
+            async with self.control.lock:
                 finishing = asyncio.ensure_future(self.completer.finish(task, output, error))
                 try:
                     await asyncio.wait_for(asyncio.shield(finishing), self.completer.SLOW_FLUSH)
@@ -118,11 +114,15 @@ class Runner:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.claim_next(task, chain.max, chain.done, chain.born) if more else None
+                    return await self.control.next_of_group(task, chain.max, chain.done, chain.born) if more else None
             await finishing
             return None
         await self.completer.finish(task, output, error)
         return None
+
+    def error_style(self) -> ErrorStyle:
+        """The style remote tasks' errors are written in (see control.ServerSettings)."""
+        return self.server.error_style
 
     async def read_input(self, task: Task) -> str:
         """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
