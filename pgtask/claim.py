@@ -15,7 +15,7 @@ from psycopg import errors
 from psycopg.adapt import Transformer
 
 from . import wire
-from .completer import Completer, resolve
+from .completer import Completer, PassBatch
 from .connect import Backoff
 from .control import Control, ServerSettings
 from .executor import Session
@@ -23,7 +23,7 @@ from .output import reason
 from .parts import Parts
 from .planning import Planning
 from .queries import PassResult, read_pass
-from .task import Task, Write
+from .task import Task
 
 log = logging.getLogger("pgtask.claim")
 
@@ -133,13 +133,11 @@ class Claimer:
             # the tasks whose finishes it writes first have ended when its claim runs
             room = parts.options.run - len(parts.inflight) + len(batch)
             claim = room > 0 and parts.options.limit > 0
-            got, offers = await self._exchange(batch, room if claim else 0, limited)
+            got = await self._exchange(batch, room if claim else 0, limited)
             if got is None:
                 return 0, None, False
-            if batch:
-                for write in batch:
-                    write.task.by_pass = True
-                resolve(batch, got.written)
+            if batch.writes:
+                batch.written(got.written)
             if got.expired is not None:  # its rows come first (the rows expired: metrics)
                 parts.metrics.expired(got.expired)
             self.limited = got.next.limited
@@ -147,58 +145,53 @@ class Claimer:
             # a group became paused or rate-limited: the plain claim may have claimed nothing
             # because of it (see "claim_plain"); the next pass claims under flow control, now
             parts.life.wake.set()
-        await self._take_up(got, batch, offers)
+        await self._take_up(got, batch)
         tasks, info = got.tasks, got.next
         # (claimed, seconds to the next planned row, claim again at once): again when this claim left
         # room (the tasks whose finishes it wrote counted as ended) and no due row waits for it, or
         # its row limit (pg_task.limit) cut it
         return len(tasks), info.next_in, room > len(tasks) and (not info.due or len(tasks) >= parts.options.limit)
 
-    async def _exchange(self, batch: list[Write], room: int,
-                        limited: bool) -> tuple[PassResult | None, dict[int, tuple[Task, Session]]]:
-        """Send the pass's query string -- its claim for ``room`` tasks at most (0: no claim) --
-        and read what it returned, with the sessions it offered the claim (completer.offers). None:
-        it failed on a finish, which a flusher writes now (see _failed)."""
+    async def _exchange(self, batch: PassBatch, room: int, limited: bool) -> PassResult | None:
+        """Send the pass's query string -- its claim for ``room`` tasks at most (0: no claim), on
+        the sessions ``batch`` offers -- and read what it returned. None: it failed on a finish,
+        which a flusher writes now (see _failed)."""
         parts, conn, loader = self.parts, self.control.conn, self.pass_loader
-        offers: dict[int, tuple[Task, Session]] = {}
         try:
-            finishes = await parts.queries.pass_finishes(conn, loader, batch, self.completer.SLOW_FLUSH)
+            finishes = await parts.queries.pass_finishes(conn, loader, batch.writes, batch.lock_timeout)
             expiring = time.monotonic() - self.last_expiry >= parts.options.sleep
             if expiring:
                 self.last_expiry = time.monotonic()
+            claim = None
             if room:
-                offers = self.completer.offers(batch)
-            text = parts.queries.claim_pass_text(finishes, expiring, (
-                self.control.token, min(room, parts.options.limit), list(offers),
-                [t.id for t, _ in offers.values()]) if room else None, limited)
+                claim = (self.control.token, min(room, parts.options.limit), *batch.offer())
+            text = parts.queries.claim_pass_text(finishes, expiring, claim, limited)
             await wire.send(conn.pgconn, text)
             results, error = await wire.results(conn.pgconn)
         except BaseException:
-            self.completer.give_back(batch)
-            self.completer.unoffer(offers)
+            batch.give_back()
+            batch.unoffer()
             raise
         if error is not None:  # the rest of the string did not run: end the failed transaction
-            self.completer.unoffer(offers)
+            batch.unoffer()
             await self._failed(batch, error)
-            return None, offers
-        return read_pass(results, loader, bool(batch), expiring, bool(room)), offers
+            return None
+        return read_pass(results, loader, bool(batch.writes), expiring, bool(room))
 
-    async def _failed(self, batch: list[Write], error) -> None:
+    async def _failed(self, batch: PassBatch, error) -> None:
         """The pass's query string failed (``error``): rolled back. When it carried finishes they go
         to a flusher and the pass runs again without them at once; else the error is raised."""
         conn = self.control.conn
         await wire.simple(conn.pgconn, "ROLLBACK")
-        if not batch:
+        if not batch.writes:
             raise errors.error_from_result(error, encoding=conn.info.encoding)
         log.info("%s: a claim pass handed its finishes to a writer: %s", self.parts.label,
                  errors.error_from_result(error, encoding=conn.info.encoding))
-        if wire.sqlstate(error) == wire.CANCELLED:  # the finish ran over SLOW_FLUSH: see pass_finishes
-            self.completer.pass_writes_after = time.monotonic() + self.completer.PASS_WRITES_PAUSE
-        self.completer.give_back(batch)
+        # a finish that ran over SLOW_FLUSH is cancelled (see pass_finishes)
+        batch.give_back(slow=wire.sqlstate(error) == wire.CANCELLED)
         self.parts.life.wake.set()
 
-    async def _take_up(self, got: PassResult, batch: list[Write],
-                       offers: dict[int, tuple[Task, Session]]) -> None:
+    async def _take_up(self, got: PassResult, batch: PassBatch) -> None:
         """After a pass's commit: what it learnt of the table and the server taken up, its claimed
         tasks dispatched (each on the session offered for it, if any), the rest of the offered
         sessions pooled."""
@@ -208,15 +201,13 @@ class Claimer:
         self.server.seen(info.settings_mark, info.conf_loaded, info.style)  # before the tasks take sessions
         inflight = parts.inflight
         self.planning.after_pass(bool(tasks), not tasks and not inflight,
-                                 not tasks and inflight.keys() <= {w.task.id for w in batch})
-        for finished, _ in offers.values():  # its input is over: nothing of it to cancel on the session
+                                 not tasks and inflight.keys() <= batch.ids())
+        for finished in batch.offered_tasks():  # its input is over: nothing of it to cancel on the session
             inflight.detach(finished.id)
-        self.completer.cohort.update(t.id for t in tasks)
-        for task in tasks:
+        for task, session in batch.claimed(tasks):
             parts.metrics.picked_up(task.waited)
-            _, session = offers.pop(task.session_pid, (None, None))
             self.dispatch(task, session)
-        for _, session in offers.values():  # offered, not taken: idle (the finish is written)
+        for session in batch.untaken():  # offered, not taken: idle (the finish is written)
             await parts.sessions.put(session)
 
     async def reset_orphans(self) -> None:

@@ -275,19 +275,19 @@ class LocalTarget:
     async def complete(self, task: Task, output: str | None, error: str | None, large: bool, chain: Chain,
                        complete: Complete) -> Task | None:
         """Finish ``task`` (the claim pass that writes its finish may start the group's next task on
-        this session: completer.offers) and return the group's next task for this session, or None."""
-        session, finishing = self.session, self.runner.completer.finishing
+        this session: completer.PassBatch.offer) and return the group's next task for this session, or None."""
+        session, completer = self.session, self.runner.completer
         keep_session = task.save
         # a chain that lived out count/live ends its session, as the manual's worker exits; so
         # does a large input: libpq keeps the buffer it went out in while the session lives
         spent = chain.spent(task) or (large and not keep_session)
         finished, offerable = task, not spent and not task.keeps_session
         if offerable:
-            finishing[task.id] = session
+            completer.offer_session(task.id, session)
         try:
             task = await complete(task, output, error, more=not spent)
         finally:
-            if offerable and finishing.pop(finished.id, None) is None:
+            if offerable and not completer.withdraw_session(finished.id):
                 self.session = None  # the pass that wrote its finish started another task on it
         if spent:
             await self.drop()
