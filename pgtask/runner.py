@@ -37,6 +37,16 @@ REMOTE_BACKOFF_CAP = 60.0
 DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the service drains
 
 
+class Ends(Exception):
+    """A target's outcome for a task it could not run to its end (its connection could not be had,
+    or was lost): the runner ends the task here -- back to PLAN to run later (``requeue``), or
+    finished with ``output`` and ``error``."""
+
+    def __init__(self, output: str | None = None, error: str | None = None, requeue: bool = False):
+        super().__init__(error)
+        self.output, self.error, self.requeue = output, error, requeue
+
+
 class Runner:
     """The tasks of one scheduler while they run: ``dispatch`` starts one (the claim loop's
     callback), ``cancel`` stops one (STOP, the grace period over). ``control`` claims a group's
@@ -53,7 +63,7 @@ class Runner:
     def dispatch(self, task: Task, session: Session | None = None) -> None:
         """Run a claimed task; ``session``: the one the claim started it on (see "claim" in queries.sql)."""
         self.inflight[task.id] = (task, None)
-        target = (RemoteTarget(self.parts, self.completer, self.remote_facts, self.server) if task.remote is not None
+        target = (RemoteTarget(self.parts, self.remote_facts, self.server) if task.remote is not None
                   else LocalTarget(self.parts, self.completer, session))
         t = asyncio.create_task(self.execute(task, target), name=f"task {task.id}")
         self.tasks.add(t)
@@ -64,8 +74,10 @@ class Runner:
         chain = Chain(task)
         try:
             while task is not None:
-                conn = await target.connect(task)
-                if conn is None:  # the task ended, or went back to PLAN, without a connection
+                try:
+                    conn = await target.connect(task)
+                except Ends as end:  # the task ends, or goes back to PLAN, without a connection
+                    await self.end(task, end)
                     return
                 self.inflight[task.id] = (task, conn)
                 try:
@@ -76,9 +88,12 @@ class Runner:
                     await self.completer.not_started(task)
                     return
                 except target.Lost as exc:
-                    if await target.lost(task, exc):
-                        continue
-                    return
+                    try:
+                        await target.lost(task, exc)
+                    except Ends as end:
+                        await self.end(task, end)
+                        return
+                    continue  # on a new connection
                 except Exception as exc:  # noqa: BLE001 -- any bug of ours: see failed_in_service
                     await target.drop()
                     await self.failed_in_service(task, exc)
@@ -124,6 +139,13 @@ class Runner:
             return None
         await self.completer.finish(task, output, error)
         return None
+
+    async def end(self, task: Task, end: Ends) -> None:
+        """A task its target could not run to its end (see Ends)."""
+        if end.requeue:
+            await self.completer.requeue(task)
+        else:
+            await self.completer.finish(task, end.output, end.error)
 
     async def read_input(self, task: Task) -> str:
         """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
@@ -216,7 +238,8 @@ class LocalTarget:
         self.parts, self.completer, self.session = parts, completer, session
         self.spent = self.offered = False  # the last task's: see finishing
 
-    async def connect(self, task: Task) -> Session | None:
+    async def connect(self, task: Task) -> Session:
+        """The session for ``task``; raises Ends (see open_session)."""
         if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see settings_seen
             await self.parts.sessions.discard(self.session)
             self.session = None
@@ -225,10 +248,10 @@ class LocalTarget:
             self.session = await self.open_session(task)
         return self.session
 
-    async def open_session(self, task: Task) -> Session | None:
+    async def open_session(self, task: Task) -> Session:
         """A session for the task's author. If the server itself is unreachable (restarting, shutting
         down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
-        not log in, authentication refused) fails the task with the reason."""
+        not log in, authentication refused) fails the task with the reason (both: raises Ends)."""
         parts = self.parts
         settings = group_settings(task.group, parts.entry.schema, parts.entry.table, parts.queries.oid)
         for attempt in (1, 2):
@@ -238,12 +261,10 @@ class LocalTarget:
                 if not await self._server_up():
                     log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
                                 reason(exc))
-                    await self.completer.requeue(task)
-                    return None
+                    raise Ends(requeue=True) from exc
                 if attempt == 2:
-                    await self.completer.finish(task, "", simple_error(
-                        f"could not connect as role {task.user}", str(exc).strip()))
-        return None
+                    raise Ends("", simple_error(
+                        f"could not connect as role {task.user}", str(exc).strip())) from exc
 
     async def _server_up(self) -> bool:
         try:
@@ -258,20 +279,18 @@ class LocalTarget:
         return await run_input(self.session, task, parts.entry.schema, parts.entry.table, parts.queries.oid,
                                parts.options.output_limit, spi=parts.entry.spi, start_work=start_work)
 
-    async def lost(self, task: Task, exc: psycopg.OperationalError) -> bool:
+    async def lost(self, task: Task, exc: psycopg.OperationalError) -> None:
         """The session ended while the task ran: it runs again, up to LOST_ATTEMPTS. False: the
         task is over here."""
         await self.drop()
         if task.attempt >= LOST_ATTEMPTS:  # most likely the input's own doing
             log.error("task %s: executor connection lost (%s), attempt %s: it fails", task.id,
                       reason(exc), task.attempt)
-            await self.completer.finish(task, "", simple_error(
+            raise Ends("", simple_error(
                 f"the task's session ended while it ran, {task.attempt} times in a row",
                 message(exc), statement=task.input))
-            return False
         log.warning("task %s: executor connection lost (%s); it will run again", task.id, reason(exc))
-        await self.completer.requeue(task)
-        return False
+        raise Ends(requeue=True)
 
     def finishing(self, task: Task, chain: Chain, large: bool) -> bool:
         """Before ``task``'s finish: whether the session may take the group's next task. A chain that
@@ -314,48 +333,45 @@ class RemoteTarget:
 
     Lost = remote.Lost
 
-    __slots__ = ("parts", "completer", "facts", "server", "remote", "tries")
+    __slots__ = ("parts", "facts", "server", "remote", "tries")
 
-    def __init__(self, parts: Parts, completer: Completer, facts: remote.LocalFacts, server: ServerSettings):
-        self.parts, self.completer, self.facts, self.server = parts, completer, facts, server
+    def __init__(self, parts: Parts, facts: remote.LocalFacts, server: ServerSettings):
+        self.parts, self.facts, self.server = parts, facts, server
         self.remote: remote.RemoteConnection | None = None
         self.tries = 1  # connections of the running task so far (see again)
 
-    async def connect(self, task: Task) -> remote.RemoteConnection | None:
+    async def connect(self, task: Task) -> remote.RemoteConnection:
+        """The task's remote connection, connected again after a failure before its input was sent
+        (see again); raises Ends."""
         parts = self.parts
         while self.remote is None:
             try:
                 self.remote, error = await remote.connect(task, self.facts, parts.entry.schema,
                                                           parts.entry.table, parts.queries.oid)
             except remote.Unsent as unsent:
-                if not await self.again(task, unsent.error):
-                    return None
+                await self.again(task, unsent.error)
                 self.tries += 1
                 continue
             if self.remote is None:
                 log.info("task %s: remote connection refused or failed: %s", task.id,
                          error.splitlines()[-1] if error else "")
-                await self.completer.finish(task, "", error)
-                return None
+                raise Ends("", error)
         return self.remote
 
     async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
         return await remote.run(self.remote, task, self.parts.options.output_limit, started=start_work(),
                                 style=self.server.error_style)
 
-    async def lost(self, task: Task, lost: remote.Lost) -> bool:
-        """The connection broke while the task ran: whether to run it again on a new one."""
+    async def lost(self, task: Task, lost: remote.Lost) -> None:
+        """The connection broke while the task ran: it runs again on a new one, or raises Ends."""
         log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
         await self.drop()
         error = simple_error("PQconsumeInput failed", message(lost.exc), statement=task.input,
                              style=self.server.error_style)
         if lost.sent:  # its input may have run: it is not run again (pg_task's rule)
-            await self.completer.finish(task, lost.output or "", error)
-            return False
-        if not await self.again(task, error):
-            return False
+            raise Ends(lost.output or "", error)
+        await self.again(task, error)
         self.tries += 1
-        return True
 
     def finishing(self, task: Task, chain: Chain, large: bool) -> bool:
         """Before ``task``'s finish: the connection may take the group's next task (count/live are
@@ -378,20 +394,19 @@ class RemoteTarget:
                 await self.drop()
         return task
 
-    async def again(self, task: Task, error: str) -> bool:
-        """The ``tries``-th connection of ``task`` failed before its input was sent: whether to
-        connect again, after waiting ``remote_backoff`` seconds, doubling with every try up to
+    async def again(self, task: Task, error: str) -> None:
+        """The ``tries``-th connection of ``task`` failed before its input was sent: connect again
+        (returns), after waiting ``remote_backoff`` seconds, doubling with every try up to
         REMOTE_BACKOFF_CAP, with jitter (the tasks a server restart turned away do not all come back
         at once). The task keeps its claim meanwhile (TAKE, its group's slot: the group's next task
         would meet the same server). After ``remote_attempts`` connections it fails with ``error``,
-        the last reason; when the service drains, it goes back to PLAN."""
+        the last reason; when the service drains, it goes back to PLAN (both: raises Ends)."""
         parts, tries = self.parts, self.tries
         attempts = parts.options.remote_attempts
         if tries >= attempts:
             log.warning("task %s: remote connection failed before its input was sent (%s), %s of %s: it fails",
                         task.id, error.splitlines()[-1].strip(), tries, attempts)
-            await self.completer.finish(task, "", error)
-            return False
+            raise Ends("", error)
         parts.inflight.detach(task.id)  # no query of it to cancel meanwhile
         delay = min(parts.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
         log.info("task %s: remote connection failed before its input was sent (%s), %s of %s; again in %.1fs",
@@ -401,9 +416,7 @@ class RemoteTarget:
         while not parts.life.draining and (left := deadline - loop.time()) > 0:
             await asyncio.sleep(min(left, DRAIN_CHECK))  # a drain does not wait out the delay
         if parts.life.draining:
-            await self.completer.requeue(task)
-            return False
-        return True
+            raise Ends(requeue=True)
 
     async def drop(self) -> None:
         if self.remote is not None:
