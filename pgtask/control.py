@@ -92,7 +92,8 @@ class Control:
                 await asyncio.sleep(delay)
 
     async def next_of_group(self, task: Task, spawner_max: int, done: int, born) -> Task | None:
-        """The next task of the group for this session (caller holds ``lock``)."""
+        """The next task of the group for this session (caller holds ``lock``, and registers the
+        task in flight before it lets go of it)."""
         parts = self.parts
         if parts.life.draining or parts.life.stopping or task.max < 0 or born is None:
             return None
@@ -110,7 +111,6 @@ class Control:
         self.server.settings_seen(row["settings_mark"])  # a stale session leaves its task to a new one
         nxt = Task.from_row(row)
         parts.metrics.picked_up(nxt.waited)
-        parts.inflight[nxt.id] = (nxt, None)
         return nxt
 
     async def close(self, unregister: bool = False) -> None:

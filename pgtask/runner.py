@@ -134,7 +134,12 @@ class Runner:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.control.next_of_group(task, chain.max, chain.done, chain.born) if more else None
+                    if not more:
+                        return None
+                    nxt = await self.control.next_of_group(task, chain.max, chain.done, chain.born)
+                    if nxt is not None:  # in flight while the lock is held: claim passes count it for their room
+                        self.inflight[nxt.id] = (nxt, None)
+                    return nxt
             await finishing
             return None
         await self.completer.finish(task, output, error)
