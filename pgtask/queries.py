@@ -101,9 +101,9 @@ def read_pass(results: list[pq.abc.PGresult], loader: Transformer, finishes: boo
     return PassResult(written, expired, tasks, loader.load_row(0, NextInfo._make))
 
 
-# the statistics looked at before claiming starts (see claim.Claimer._check_statistics)
+# the statistics looked at before claiming starts (see planning.Planning.check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
-# claim_next's, for a session reusing its executor (count/live): see claim.Claimer.next_of_group
+# claim_next's, for a session reusing its executor (count/live): see control.Control.next_of_group
 CLAIM_NEXT_PARAMS = ("token", "oid", "group", "remote", "user", "max", "done", "born")
 
 

@@ -245,7 +245,7 @@ class LocalTarget:
 
     async def connect(self, task: Task) -> Session:
         """The session for ``task``; raises Ends (see open_session)."""
-        if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see settings_seen
+        if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see control.ServerSettings.settings_seen
             await self.parts.sessions.discard(self.session)
             self.session = None
             task.session_pid = None  # its start function sets the pid of the session it gets

@@ -158,7 +158,7 @@ def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_afte
             # without the bound the claim would wait for the blocker, past this test's timeout
             claimed = (await asyncio.wait_for(sched.claimer.claim_pass(), 30))[0]
             analyzing = sched.claimer.planning.analyzing is not None and not sched.claimer.planning.analyzing.done()
-            await sched.claimer.claim_pass()  # the replan of a burst's second pass (pass_replan), as always
+            await sched.claimer.claim_pass()  # the replan of a burst's second pass (Planning.replan_due), as always
             plans = sched.queries.plans
             await sched.claimer.claim_pass()
             unchanged = sched.queries.plans - plans  # nothing new: no replan
