@@ -1,7 +1,7 @@
 """Start and finish writes of the tasks a scheduler runs (river's JobCompleter): TAKE -> WORK, DONE/
 FAIL with the next repeat and delete, back to PLAN, STOP; group commit of the writes of tasks that
 start or finish at the same time, by flushers on the writers or by the next claim pass (the seam:
-take_for_pass, give_back, offers); each write fenced on attempt + lease.
+take_for_pass and the PassBatch it returns); each write fenced on attempt + lease.
 
 A runner submits what it needs (start_work, finish, requeue, not_started) and learns whether its
 row was written; the claim pass takes plain finishes to write first in its own transaction."""
@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from .connect import Backoff, Connection
-from .metrics import Sink
 from .output import simple_error
-from .queries import FINISH_PARAMS, FLUSH_PARAMS, Queries, finish_arrays
-from .task import FinishWrite, InFlight, Lifecycle, StartWrite, Task, Write
+from .parts import Parts
+from .queries import FINISH_PARAMS, FLUSH_PARAMS, finish_arrays
+from .task import FinishWrite, StartWrite, Task, Write
 
 log = logging.getLogger("pgtask.completer")
 T = TypeVar("T")
@@ -63,9 +62,9 @@ class Completer:
     # (11 finishes a pass on average instead of 15-16). (uvloop's timers count whole milliseconds.)
     COHORT_WAIT = 0.002
 
-    def __init__(self, queries: Queries, inflight: InFlight, life: Lifecycle, metrics: Sink, label: str):
-        self.queries, self.inflight, self.life, self.metrics, self.label = queries, inflight, life, metrics, label
-        self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started
+    def __init__(self, parts: Parts):
+        self.queries, self.inflight, self.life = parts.queries, parts.inflight, parts.life
+        self.metrics, self.label, self.writers = parts.metrics, parts.label, parts.writers
         self.pending: list[Write] = []
         self.flushers: dict[asyncio.Task, float] = {}  # flusher -> since when it writes its batch
         self.flush_check: asyncio.TimerHandle | None = None
@@ -178,37 +177,44 @@ class Completer:
             return result, retried
 
     # -- the claim pass's seam -----------------------------------------------------------------
-    def take_for_pass(self) -> list[Write]:
+    def take_for_pass(self) -> PassBatch:
         """The pending writes for this claim pass to write (see claim.Claimer.claim_pass), taken out of pending:
         all of them (up to MAX_BATCH) if the pass may write them, else none."""
         if not self.pending or self.flushers or not self._pass_may_write():
-            return []
+            return PassBatch(self, [])
         if self.cohort_check is not None:  # the wait for the cohort is over (see spawn_flusher)
             self.cohort_check.cancel()
             self.cohort_check = None
         batch, self.pending = self.pending[:self.MAX_BATCH], self.pending[self.MAX_BATCH:]
-        return batch
+        return PassBatch(self, batch)
 
-    def give_back(self, batch: list[Write]) -> None:
+    def offer_session(self, task_id: int, session: Connection) -> None:
+        """``session``, idle, may take the group's next task when a claim pass writes the finish of
+        ``task_id`` (see PassBatch.offer)."""
+        self.finishing[task_id] = session
+
+    def withdraw_session(self, task_id: int) -> bool:
+        """The session offered for ``task_id`` back to its runner -- False: a claim pass that wrote
+        the task's finish started the group's next task on it."""
+        return self._take_session(task_id) is not None
+
+    def _take_session(self, task_id: int) -> Connection | None:
+        return self.finishing.pop(task_id, None)
+
+    def _pause_pass_writes(self) -> None:
+        """A pass's finish ran over SLOW_FLUSH: claim passes write none for PASS_WRITES_PAUSE."""
+        self.pass_writes_after = time.monotonic() + self.PASS_WRITES_PAUSE
+
+    def _joined_cohort(self, tasks: list[Task]) -> None:
+        """Tasks a claim pass started (see spawn_flusher)."""
+        self.cohort.update(t.id for t in tasks)
+
+    def _give_back(self, batch: list[Write]) -> None:
         """Writes a claim pass took and did not write: to a flusher, now."""
         if batch:
             self.pending[:0] = batch
             self.pending_since = 0.0  # due: a flusher takes them (see spawn_flusher)
             self.spawn_flusher()
-
-    def offers(self, batch: list[Write]) -> dict[int, tuple[Task, Connection]]:
-        """The sessions of the tasks whose finishes this claim pass writes, by pid, for the claim to
-        start the next tasks of those groups on (see "offered" in the claim): a session is offered
-        only in the transaction that finishes its task, so a STOP of that task can never cancel
-        the next one on it."""
-        return {session.pid: (w.task, session) for w in batch
-                if (session := self.finishing.pop(w.task.id, None)) is not None}
-
-    def unoffer(self, offers: dict[int, tuple[Task, Connection]]) -> None:
-        """Offers of a claim pass that failed: their finishes are not written yet."""
-        for finished, session in offers.values():
-            self.finishing[finished.id] = session
-        offers.clear()
 
     # -- group commit --------------------------------------------------------------------------
     @staticmethod
@@ -440,3 +446,70 @@ class Completer:
         for t in [*self.flushers, *self.refused_writes]:
             t.cancel()
         await asyncio.gather(*self.flushers, *self.refused_writes, return_exceptions=True)
+
+
+class PassBatch:
+    """What one claim pass and the completer share (see claim.Claimer.claim_pass): the plain
+    finishes it writes first in its transaction (``writes``), and the sessions of their tasks it
+    offers its claim, by pid: a session is offered only in the transaction that finishes its task,
+    so a STOP of that task can never cancel the next one on it (see "offered" in the claim)."""
+
+    __slots__ = ("completer", "writes", "offers")
+
+    def __init__(self, completer: Completer, writes: list[Write]):
+        self.completer, self.writes = completer, writes
+        self.offers: dict[int, tuple[Task, Connection]] = {}
+
+    def __len__(self) -> int:
+        return len(self.writes)
+
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds the pass's finishes wait for any lock (SLOW_FLUSH): then they go to a flusher."""
+        return self.completer.SLOW_FLUSH
+
+    def ids(self) -> set[int]:
+        return {w.task.id for w in self.writes}
+
+    def offer(self) -> tuple[list[int], list[int]]:
+        """Offer the claim the idle sessions of the tasks whose finishes the pass writes (see
+        Completer.offer_session): (their pids, those tasks' ids)."""
+        take = self.completer._take_session
+        self.offers = {session.pid: (w.task, session) for w in self.writes
+                       if (session := take(w.task.id)) is not None}
+        return list(self.offers), [t.id for t, _ in self.offers.values()]
+
+    def unoffer(self) -> None:
+        """The pass failed: its offers stand again, their finishes are not written yet."""
+        for finished, session in self.offers.values():
+            self.completer.offer_session(finished.id, session)
+        self.offers.clear()
+
+    def give_back(self, slow: bool = False) -> None:
+        """The pass failed: its finishes go to a flusher; ``slow``, one of them ran over SLOW_FLUSH:
+        claim passes write none for PASS_WRITES_PAUSE."""
+        if slow:
+            self.completer._pause_pass_writes()
+        self.completer._give_back(self.writes)
+
+    def written(self, matched: set[tuple[str, int]]) -> None:
+        """The pass committed: each finish learns whether its row was written (``matched``)."""
+        for write in self.writes:
+            write.task.by_pass = True
+        resolve(self.writes, matched)
+
+    def claimed(self, tasks: list[Task]) -> Iterator[tuple[Task, Connection | None]]:
+        """The tasks the pass claimed, each with the offered session the claim started it on (or
+        None); they join the cohort (see Completer.spawn_flusher). The offered sessions not taken
+        are left in ``offers`` (see untaken)."""
+        self.completer._joined_cohort(tasks)
+        offers = self.offers
+        for task in tasks:
+            yield task, offers.pop(task.session_pid, (None, None))[1]
+
+    def untaken(self) -> list[Connection]:
+        """The offered sessions no claimed task took: idle, their finishes written."""
+        return [session for _, session in self.offers.values()]
+
+    def offered_tasks(self) -> list[Task]:
+        return [finished for finished, _ in self.offers.values()]

@@ -5,6 +5,7 @@ count/live claim, the statistics). No other module of the scheduler writes SQL t
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import psycopg
 from psycopg import errors, pq, sql
@@ -13,7 +14,7 @@ from psycopg.adapt import PyFormat, Transformer
 from . import names, wire
 from . import sql as named
 from .inputs import INLINE
-from .task import FinishWrite
+from .task import FinishWrite, Task
 
 # An input larger than inputs.INLINE is left out (octet_length reads a TOASTed value's size without
 # detoasting it): it is read when its budget allows (inputs.Held, runner.Runner.read_input).
@@ -50,9 +51,59 @@ def pass_claim(limited: bool) -> tuple[str, str]:
     return ("claim", "next") if limited else ("claim_plain", "next_plain")
 
 
-# the statistics looked at before claiming starts (see claim.Claimer._check_statistics)
+class NextInfo(NamedTuple):
+    """The row of "next" (queries.sql), its columns in the order of that SELECT: what the claim
+    pass learns of the queue and the server besides its claim."""
+
+    next_in: float | None  # seconds until the next planned row or token (None: none)
+    due: bool | None  # due rows wait (blocked by max, a pause or a rate)
+    settings_mark: int  # the database and role settings' fingerprint (see "settings_mark")
+    table_oid: int | None  # the table's oid now (see "same_table")
+    limited: bool  # some group is paused or rate-limited
+    conf_loaded: object  # pg_conf_load_time()
+    error_verbosity: str  # the error style in force (output.ErrorStyle)
+    min_error_statement: str
+
+    @property
+    def style(self) -> tuple[str, str]:
+        return self.error_verbosity, self.min_error_statement
+
+
+class PassResult(NamedTuple):
+    """What one claim pass's query string returned (see Queries.claim_pass_text, read_pass):
+    ``written``, the (kind, id) rows its finishes wrote (None: it carried none); ``expired``, the
+    rows expire made GONE (None: it did not expire); ``tasks``, the tasks it claimed; ``next``."""
+
+    written: set[tuple[str, int]] | None
+    expired: int | None
+    tasks: list[Task]
+    next: NextInfo
+
+
+def read_pass(results: list[pq.abc.PGresult], loader: Transformer, finishes: bool, expiring: bool,
+              claim: bool) -> PassResult:
+    """The results with rows of a claim pass's query string, in the order claim_pass_text sends its
+    statements: the finishes' flush, expire, the claim, next (the SETs and the lock return none)."""
+    at = 0
+    written = expired = None
+    if finishes:
+        written, at = matched(results[at:at + 1]), at + 1
+    if expiring:
+        expired, at = results[at].ntuples, at + 1
+    tasks: list[Task] = []
+    if claim:
+        res = results[at]
+        loader.set_pgresult(res)
+        names = [res.fname(i).decode() for i in range(res.nfields)]
+        tasks = Task.from_rows(names, loader.load_rows(0, res.ntuples, tuple))
+        at += 1
+    loader.set_pgresult(results[at])
+    return PassResult(written, expired, tasks, loader.load_row(0, NextInfo._make))
+
+
+# the statistics looked at before claiming starts (see planning.Planning.check_statistics)
 STATISTICS_PARAMS = ("oid", "bound")
-# claim_next's, for a session reusing its executor (count/live): see claim.Claimer.next_of_group
+# claim_next's, for a session reusing its executor (count/live): see control.Control.next_of_group
 CLAIM_NEXT_PARAMS = ("token", "oid", "group", "remote", "user", "max", "done", "born")
 
 
@@ -130,6 +181,14 @@ class Queries:
         self._texts: dict[str, str] = {}
         # connection -> {statement name: what it was prepared for}: see prepare
         self.prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def next_planning_round(self) -> None:
+        """Have the pass's and the flushes' statements prepared again (see planning.Planning)."""
+        self.plans += 1
+
+    def take_up(self, oid: int) -> None:
+        """The task table is ``oid`` (provisioned: see Scheduler.provision)."""
+        self.oid = oid
 
     def text(self, name: str) -> str:
         """A named query of queries.sql for this table, rendered once (psycopg then caches its parse)."""

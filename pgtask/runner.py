@@ -10,22 +10,22 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from . import remote
 from .completer import Completer
-from .config import Entry
 from .connect import group_settings
+from .control import Control, ServerSettings
 from .inputs import Held
 from .local_input import run_input
-from .output import ErrorStyle, message, reason, simple_error
-from .queries import Queries, local_facts, ping
+from .output import message, reason, simple_error
+from .parts import Parts
+from .queries import local_facts, ping
 from .session import Session
 from .session_pool import SessionPool
-from .task import InFlight, Lifecycle, NotStarted, Task
+from .task import NotStarted, Task
 
 log = logging.getLogger("pgtask.runner")
 
@@ -39,19 +39,25 @@ REMOTE_BACKOFF_CAP = 60.0
 DRAIN_CHECK = 0.5  # seconds between looks, while it waits, at whether the service drains
 
 
+class Ends(Exception):
+    """A target's outcome for a task it could not run to its end (its connection could not be had,
+    or was lost): the runner ends the task here -- back to PLAN to run later (``requeue``), or
+    finished with ``output`` and ``error``."""
+
+    def __init__(self, output: str | None = None, error: str | None = None, requeue: bool = False):
+        super().__init__(error)
+        self.output, self.error, self.requeue = output, error, requeue
+
+
 class Runner:
     """The tasks of one scheduler while they run: ``dispatch`` starts one (the claim loop's
-    callback), ``cancel`` stops one (STOP, the grace period over). ``claim_next`` claims a group's
-    next task for a session within count/live, under ``control_lock`` (see complete)."""
+    callback), ``cancel`` stops one (STOP, the grace period over). ``control`` claims a group's
+    next task for a session within count/live, under its lock (see complete)."""
 
-    def __init__(self, entry: Entry, conninfo: str, options, queries: Queries, completer: Completer,
-                 inflight: InFlight, sessions: SessionPool, life: Lifecycle,
-                 claim_next: Callable[[Task, int, int, object], Awaitable[Task | None]],
-                 control_lock: asyncio.Lock, error_style: Callable[[], ErrorStyle]):
-        self.entry, self.conninfo, self.options, self.queries = entry, conninfo, options, queries
-        self.completer, self.inflight, self.sessions, self.life = completer, inflight, sessions, life
-        self.claim_next, self.control_lock, self.error_style = claim_next, control_lock, error_style
-        self.writers: AsyncConnectionPool | None = None  # the scheduler's, once it started
+    def __init__(self, parts: Parts, completer: Completer, control: Control, server: ServerSettings):
+        self.entry, self.conninfo, self.options, self.queries = parts.entry, parts.conninfo, parts.options, parts.queries
+        self.inflight, self.writers = parts.inflight, parts.writers
+        self.parts, self.completer, self.control, self.server = parts, completer, control, server
         self.tasks: set[asyncio.Task] = set()
         self.drain_cancelled: set[int] = set()
         self.remote_facts = remote.LocalFacts(self._local_facts)
@@ -59,7 +65,8 @@ class Runner:
     def dispatch(self, task: Task, session: Session | None = None) -> None:
         """Run a claimed task; ``session``: the one the claim started it on (see "claim" in queries.sql)."""
         self.inflight[task.id] = (task, None)
-        target = RemoteTarget(self) if task.remote is not None else LocalTarget(self, session)
+        target = (RemoteTarget(self.parts, self.remote_facts, self.server) if task.remote is not None
+                  else LocalTarget(self.parts, self.completer, session))
         t = asyncio.create_task(self.execute(task, target), name=f"task {task.id}")
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
@@ -69,8 +76,10 @@ class Runner:
         chain = Chain(task)
         try:
             while task is not None:
-                conn = await target.connect(task)
-                if conn is None:  # the task ended, or went back to PLAN, without a connection
+                try:
+                    conn = await target.connect(task)
+                except Ends as end:  # the task ends, or goes back to PLAN, without a connection
+                    await self.end(task, end)
                     return
                 self.inflight[task.id] = (task, conn)
                 try:
@@ -81,23 +90,30 @@ class Runner:
                     await self.completer.not_started(task)
                     return
                 except target.Lost as exc:
-                    if await target.lost(task, exc):
-                        continue
-                    return
+                    try:
+                        await target.lost(task, exc)
+                    except Ends as end:
+                        await self.end(task, end)
+                        return
+                    continue  # on a new connection
                 except Exception as exc:  # noqa: BLE001 -- any bug of ours: see failed_in_service
                     await target.drop()
                     await self.failed_in_service(task, exc)
                     return
                 chain.done += 1
-                task = await target.complete(task, output, error, held.large, chain,
-                                             functools.partial(self.complete, chain=chain))
+                finished, more = task, target.finishing(task, chain, held.large)
+                try:
+                    task = await self.complete(task, output, error, chain, more)
+                finally:
+                    target.withdraw(finished)
+                task = await target.reuse(finished, task, held.large)
         finally:
             await target.close()
 
-    async def complete(self, task: Task, output: str | None, error: str | None, more: bool = True, *,
-                       chain: Chain) -> Task | None:
-        """After a run: finish the task and return the group's next task for the same session
-        (within count/live, unless not ``more``), or None. A run cancelled by SIGTERM's grace
+    async def complete(self, task: Task, output: str | None, error: str | None, chain: Chain,
+                       more: bool) -> Task | None:
+        """After a run: finish the task and return the group's next task for the same connection
+        (within count/live, unless not ``more``: see the targets' finishing), or None. A run cancelled by SIGTERM's grace
         deadline is put back -- unless its input succeeded all the same (it ended just then, or
         handled the cancel): its work is committed, and it is finished as any other.
 
@@ -110,7 +126,7 @@ class Runner:
             await self.completer.requeue(task)
             return None
         if task.keeps_session:
-            async with self.control_lock:
+            async with self.control.lock:
                 finishing = asyncio.ensure_future(self.completer.finish(task, output, error))
                 try:
                     await asyncio.wait_for(asyncio.shield(finishing), self.completer.SLOW_FLUSH)
@@ -120,11 +136,23 @@ class Runner:
                     finishing.cancel()
                     raise
                 else:
-                    return await self.claim_next(task, chain.max, chain.done, chain.born) if more else None
+                    if not more:
+                        return None
+                    nxt = await self.control.next_of_group(task, chain.max, chain.done, chain.born)
+                    if nxt is not None:  # in flight while the lock is held: claim passes count it for their room
+                        self.inflight[nxt.id] = (nxt, None)
+                    return nxt
             await finishing
             return None
         await self.completer.finish(task, output, error)
         return None
+
+    async def end(self, task: Task, end: Ends) -> None:
+        """A task its target could not run to its end (see Ends)."""
+        if end.requeue:
+            await self.completer.requeue(task)
+        else:
+            await self.completer.finish(task, end.output, end.error)
 
     async def read_input(self, task: Task) -> str:
         """A large input (see inputs.py), read on a connection of its own: libpq keeps the buffer
@@ -142,33 +170,6 @@ class Runner:
         log.error("task %s: the service failed running it", task.id, exc_info=exc)
         await self.completer.finish(task, "", simple_error(
             f"pgtask failed running the task: {type(exc).__name__}: {exc}", statement=task.input))
-
-    async def open_session(self, task: Task) -> Session | None:
-        """A session for the task's author. If the server itself is unreachable (restarting, shutting
-        down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
-        not log in, authentication refused) fails the task with the reason."""
-        settings = group_settings(task.group, self.entry.schema, self.entry.table, self.queries.oid)
-        for attempt in (1, 2):
-            try:
-                return await self.sessions.get(task.user, settings)
-            except psycopg.Error as exc:
-                if not await self._server_up():
-                    log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
-                                reason(exc))
-                    await self.completer.requeue(task)
-                    return None
-                if attempt == 2:
-                    await self.completer.finish(task, "", simple_error(
-                        f"could not connect as role {task.user}", str(exc).strip()))
-        return None
-
-    async def _server_up(self) -> bool:
-        try:
-            async with self.writers.connection() as conn:
-                await ping(conn)
-            return True
-        except psycopg.OperationalError:
-            return False
 
     async def _local_facts(self, user: str) -> tuple[bool, str]:
         async with self.writers.connection() as conn:
@@ -211,9 +212,6 @@ class Runner:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-Complete = Callable[..., Awaitable[Task | None]]  # Runner.complete, for one group's tasks
-
-
 class Chain:
     """The tasks one run of Runner.execute takes on its connection: the manual's worker, which
     starts from zero with the task that spawned it. count and live are counted here, not on the
@@ -241,69 +239,99 @@ class LocalTarget:
 
     Lost = psycopg.OperationalError  # the session ended while the task ran (its outcome unknown)
 
-    def __init__(self, runner: Runner, session: Session | None):
-        self.runner, self.session = runner, session
+    __slots__ = ("parts", "completer", "session", "spent", "offered")
 
-    async def connect(self, task: Task) -> Session | None:
-        runner = self.runner
-        if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see settings_seen
-            await runner.sessions.discard(self.session)
+    def __init__(self, parts: Parts, completer: Completer, session: Session | None):
+        self.parts, self.completer, self.session = parts, completer, session
+        self.spent = self.offered = False  # the last task's: see finishing
+
+    async def connect(self, task: Task) -> Session:
+        """The session for ``task``; raises Ends (see open_session)."""
+        if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see control.ServerSettings.settings_seen
+            await self.parts.sessions.discard(self.session)
             self.session = None
             task.session_pid = None  # its start function sets the pid of the session it gets
         if self.session is None:
-            self.session = await runner.open_session(task)
+            self.session = await self.open_session(task)
         return self.session
 
-    async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
-        runner = self.runner
-        return await run_input(self.session, task, runner.entry.schema, runner.entry.table, runner.queries.oid,
-                               runner.options.output_limit, spi=runner.entry.spi, start_work=start_work)
+    async def open_session(self, task: Task) -> Session:
+        """A session for the task's author. If the server itself is unreachable (restarting, shutting
+        down) the task goes back to PLAN to run later; a failure of the role (it does not exist, may
+        not log in, authentication refused) fails the task with the reason (both: raises Ends)."""
+        parts = self.parts
+        settings = group_settings(task.group, parts.entry.schema, parts.entry.table, parts.queries.oid)
+        for attempt in (1, 2):
+            try:
+                return await parts.sessions.get(task.user, settings)
+            except psycopg.Error as exc:
+                if not await self._server_up():
+                    log.warning("task %s: the server is unreachable (%s); it will run later", task.id,
+                                reason(exc))
+                    raise Ends(requeue=True) from exc
+                if attempt == 2:
+                    raise Ends("", simple_error(
+                        f"could not connect as role {task.user}", str(exc).strip())) from exc
 
-    async def lost(self, task: Task, exc: psycopg.OperationalError) -> bool:
+    async def _server_up(self) -> bool:
+        try:
+            async with self.parts.writers.connection() as conn:
+                await ping(conn)
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
+        parts = self.parts
+        return await run_input(self.session, task, parts.entry.schema, parts.entry.table, parts.queries.oid,
+                               parts.options.output_limit, spi=parts.entry.spi, start_work=start_work)
+
+    async def lost(self, task: Task, exc: psycopg.OperationalError) -> None:
         """The session ended while the task ran: it runs again, up to LOST_ATTEMPTS. False: the
         task is over here."""
         await self.drop()
         if task.attempt >= LOST_ATTEMPTS:  # most likely the input's own doing
             log.error("task %s: executor connection lost (%s), attempt %s: it fails", task.id,
                       reason(exc), task.attempt)
-            await self.runner.completer.finish(task, "", simple_error(
+            raise Ends("", simple_error(
                 f"the task's session ended while it ran, {task.attempt} times in a row",
                 message(exc), statement=task.input))
-            return False
         log.warning("task %s: executor connection lost (%s); it will run again", task.id, reason(exc))
-        await self.runner.completer.requeue(task)
-        return False
+        raise Ends(requeue=True)
 
-    async def complete(self, task: Task, output: str | None, error: str | None, large: bool, chain: Chain,
-                       complete: Complete) -> Task | None:
-        """Finish ``task`` (the claim pass that writes its finish may start the group's next task on
-        this session: completer.offers) and return the group's next task for this session, or None."""
-        session, finishing = self.session, self.runner.completer.finishing
-        keep_session = task.save
-        # a chain that lived out count/live ends its session, as the manual's worker exits; so
-        # does a large input: libpq keeps the buffer it went out in while the session lives
-        spent = chain.spent(task) or (large and not keep_session)
-        finished, offerable = task, not spent and not task.keeps_session
-        if offerable:
-            finishing[task.id] = session
-        try:
-            task = await complete(task, output, error, more=not spent)
-        finally:
-            if offerable and finishing.pop(finished.id, None) is None:
-                self.session = None  # the pass that wrote its finish started another task on it
-        if spent:
+    def finishing(self, task: Task, chain: Chain, large: bool) -> bool:
+        """Before ``task``'s finish: whether the session may take the group's next task. A chain that
+        lived out count/live ends its session, as the manual's worker exits; so does a large input:
+        libpq keeps the buffer it went out in while the session lives. The session of a task that
+        does not keep it is offered to the claim pass that writes its finish, which may start the
+        group's next task on it (completer.PassBatch.offer)."""
+        self.spent = chain.spent(task) or (large and not task.save)
+        self.offered = not self.spent and not task.keeps_session
+        if self.offered:
+            self.completer.offer_session(task.id, self.session)
+        return not self.spent
+
+    def withdraw(self, finished: Task) -> None:
+        """After the finish: the offered session back, unless the pass that wrote the finish
+        started another task on it."""
+        if self.offered and not self.completer.withdraw_session(finished.id):
+            self.session = None
+
+    async def reuse(self, finished: Task, task: Task | None, large: bool) -> Task | None:
+        """After the finish: the session for the group's next ``task`` (returned), or ended."""
+        if self.spent:
             await self.drop()
-        elif keep_session and task is not None:
-            session.needs_reset = False  # save: the group's next task inherits the session as is
+        elif finished.save and task is not None:
+            self.session.needs_reset = False  # save: the group's next task inherits the session as is
         return task
 
     async def drop(self) -> None:
-        await self.runner.sessions.discard(self.session)
+        await self.parts.sessions.discard(self.session)
         self.session = None
 
     async def close(self) -> None:
         if self.session is not None:
-            await self.runner.sessions.put(self.session)
+            await self.parts.sessions.put(self.session)
 
 
 class RemoteTarget:
@@ -312,52 +340,58 @@ class RemoteTarget:
 
     Lost = remote.Lost
 
-    def __init__(self, runner: Runner):
-        self.runner = runner
+    __slots__ = ("parts", "facts", "server", "remote", "tries")
+
+    def __init__(self, parts: Parts, facts: remote.LocalFacts, server: ServerSettings):
+        self.parts, self.facts, self.server = parts, facts, server
         self.remote: remote.RemoteConnection | None = None
         self.tries = 1  # connections of the running task so far (see again)
 
-    async def connect(self, task: Task) -> remote.RemoteConnection | None:
-        runner = self.runner
+    async def connect(self, task: Task) -> remote.RemoteConnection:
+        """The task's remote connection, connected again after a failure before its input was sent
+        (see again); raises Ends."""
+        parts = self.parts
         while self.remote is None:
             try:
-                self.remote, error = await remote.connect(task, runner.remote_facts, runner.entry.schema,
-                                                          runner.entry.table, runner.queries.oid)
+                self.remote, error = await remote.connect(task, self.facts, parts.entry.schema,
+                                                          parts.entry.table, parts.queries.oid)
             except remote.Unsent as unsent:
-                if not await self.again(task, unsent.error):
-                    return None
+                await self.again(task, unsent.error)
                 self.tries += 1
                 continue
             if self.remote is None:
                 log.info("task %s: remote connection refused or failed: %s", task.id,
                          error.splitlines()[-1] if error else "")
-                await runner.completer.finish(task, "", error)
-                return None
+                raise Ends("", error)
         return self.remote
 
     async def run(self, task: Task, start_work: Callable[[], asyncio.Future]) -> tuple[str | None, str | None]:
-        return await remote.run(self.remote, task, self.runner.options.output_limit, started=start_work(),
-                                style=self.runner.error_style())
+        return await remote.run(self.remote, task, self.parts.options.output_limit, started=start_work(),
+                                style=self.server.error_style)
 
-    async def lost(self, task: Task, lost: remote.Lost) -> bool:
-        """The connection broke while the task ran: whether to run it again on a new one."""
+    async def lost(self, task: Task, lost: remote.Lost) -> None:
+        """The connection broke while the task ran: it runs again on a new one, or raises Ends."""
         log.warning("task %s: remote connection lost (%s)", task.id, reason(lost.exc))
         await self.drop()
         error = simple_error("PQconsumeInput failed", message(lost.exc), statement=task.input,
-                             style=self.runner.error_style())
+                             style=self.server.error_style)
         if lost.sent:  # its input may have run: it is not run again (pg_task's rule)
-            await self.runner.completer.finish(task, lost.output or "", error)
-            return False
-        if not await self.again(task, error):
-            return False
+            raise Ends(lost.output or "", error)
+        await self.again(task, error)
         self.tries += 1
+
+    def finishing(self, task: Task, chain: Chain, large: bool) -> bool:
+        """Before ``task``'s finish: the connection may take the group's next task (count/live are
+        the claim's to check: see "claim_next")."""
+        self.tries = 1
         return True
 
-    async def complete(self, task: Task, output: str | None, error: str | None, large: bool, chain: Chain,
-                       complete: Complete) -> Task | None:
-        self.tries = 1
-        finished = task
-        task = await complete(finished, output, error)
+    def withdraw(self, finished: Task) -> None:
+        pass  # a remote connection is never offered to a claim pass
+
+    async def reuse(self, finished: Task, task: Task | None, large: bool) -> Task | None:
+        """After the finish: the connection reset for the group's next ``task`` (returned) --
+        DISCARD ALL, unless the finished task had save -- or closed."""
         if task is not None and not finished.save and self.remote is not None and large:
             await self.drop()  # libpq keeps the buffer the input went out in while it lives
         elif task is not None and not finished.save and self.remote is not None:
@@ -367,32 +401,29 @@ class RemoteTarget:
                 await self.drop()
         return task
 
-    async def again(self, task: Task, error: str) -> bool:
-        """The ``tries``-th connection of ``task`` failed before its input was sent: whether to
-        connect again, after waiting ``remote_backoff`` seconds, doubling with every try up to
+    async def again(self, task: Task, error: str) -> None:
+        """The ``tries``-th connection of ``task`` failed before its input was sent: connect again
+        (returns), after waiting ``remote_backoff`` seconds, doubling with every try up to
         REMOTE_BACKOFF_CAP, with jitter (the tasks a server restart turned away do not all come back
         at once). The task keeps its claim meanwhile (TAKE, its group's slot: the group's next task
         would meet the same server). After ``remote_attempts`` connections it fails with ``error``,
-        the last reason; when the service drains, it goes back to PLAN."""
-        runner, tries = self.runner, self.tries
-        attempts = runner.options.remote_attempts
+        the last reason; when the service drains, it goes back to PLAN (both: raises Ends)."""
+        parts, tries = self.parts, self.tries
+        attempts = parts.options.remote_attempts
         if tries >= attempts:
             log.warning("task %s: remote connection failed before its input was sent (%s), %s of %s: it fails",
                         task.id, error.splitlines()[-1].strip(), tries, attempts)
-            await runner.completer.finish(task, "", error)
-            return False
-        runner.inflight[task.id] = (task, None)  # no query of it to cancel meanwhile
-        delay = min(runner.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
+            raise Ends("", error)
+        parts.inflight.detach(task.id)  # no query of it to cancel meanwhile
+        delay = min(parts.options.remote_backoff * 2 ** (tries - 1), REMOTE_BACKOFF_CAP) * (0.5 + random.random() / 2)
         log.info("task %s: remote connection failed before its input was sent (%s), %s of %s; again in %.1fs",
                  task.id, error.splitlines()[-1].strip(), tries, attempts, delay)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + delay
-        while not runner.life.draining and (left := deadline - loop.time()) > 0:
+        while not parts.life.draining and (left := deadline - loop.time()) > 0:
             await asyncio.sleep(min(left, DRAIN_CHECK))  # a drain does not wait out the delay
-        if runner.life.draining:
-            await runner.completer.requeue(task)
-            return False
-        return True
+        if parts.life.draining:
+            raise Ends(requeue=True)
 
     async def drop(self) -> None:
         if self.remote is not None:

@@ -29,12 +29,14 @@ from psycopg_pool import AsyncConnectionPool
 from . import names, provision
 from .claim import Claimer
 from .completer import Completer
+from .control import Control, ServerSettings
 from .config import SERVICE_KEYS, Entry
 from .connect import Backoff, with_liveness, without_timeouts
 from .inputs import Budget
 from .listener import Hints, Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
 from .metrics import NO_METRICS, Sink
+from .parts import Parts
 from .queries import WRITER_SETTINGS, Queries, connection_slots
 from .restart import supervised
 from .runner import Runner
@@ -76,18 +78,21 @@ class Scheduler:
         self.wake = self.life.wake
         self.inflight = InFlight()
         self.queries = Queries(entry.schema, entry.table)
-        self.writers: AsyncConnectionPool | None = None
+        # opened by start(); handed to the parts that write now
+        self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
+                                           kwargs={"autocommit": True, "prepare_threshold": None},
+                                           timeout=10, configure=_writer)
         self.sessions = SessionPool(self.base_for_sessions, entry.user, options.execute_as,
                                     connecting=options.connecting,
                                     slots=Slots(options.max_sessions, self.connection_slots))
-        self.completer = Completer(self.queries, self.inflight, self.life, self.metrics, entry.label())
-        self.claimer = Claimer(entry, self.conninfo, options, self.queries, self.completer, self.inflight,
-                               self.sessions, self.life, self.metrics, dispatch=lambda task, session: None,
-                               adopt_table=self.adopt_table)
-        self.runner = Runner(entry, self.conninfo, options, self.queries, self.completer, self.inflight,
-                             self.sessions, self.life, self.claimer.next_of_group, self.claimer.control_lock,
-                             lambda: self.claimer.error_style)
-        self.claimer.dispatch = self.runner.dispatch
+        parts = Parts(entry, self.conninfo, options, self.queries, self.inflight, self.life, self.metrics,
+                      self.sessions, self.writers, entry.label())
+        server = ServerSettings(parts)
+        self.control = Control(parts, server)
+        self.completer = Completer(parts)
+        self.runner = Runner(parts, self.completer, self.control, server)
+        self.claimer = Claimer(parts, self.control, server, self.completer, self.runner.dispatch,
+                               self.adopt_table)
         self.stop_hints = StopHints(lambda task_id: task_id in self.inflight, self.runner.stop_requested,
                                     self.runner.cancel, entry.label())
         self.listener = Listener(
@@ -105,7 +110,7 @@ class Scheduler:
         metrics endpoint's thread: plain attribute reads.)"""
         if self.life.draining or self.life.stopping:
             return f"{self.entry.label()}: draining"
-        control = self.claimer.control
+        control = self.control.conn
         if control is None or control.closed:
             return f"{self.entry.label()}: not connected"
         last_pass = self.claimer.last_pass
@@ -117,25 +122,21 @@ class Scheduler:
 
     async def start(self) -> None:
         """Connect, provision the table, register this instance, open the writers, reset orphans."""
-        await self.claimer.connect()
+        await self.control.connect()
         await self.provision()
-        await self.queries.register(self.claimer.control, self.claimer.token)
-        await self.queries.refresh_columns(self.claimer.control)
-        self.writers = AsyncConnectionPool(self.conninfo, min_size=1, max_size=4, open=False,
-                                           kwargs={"autocommit": True, "prepare_threshold": None},
-                                           timeout=10, configure=_writer)
+        await self.queries.register(self.control.conn, self.control.token)
+        await self.queries.refresh_columns(self.control.conn)
         await self.writers.open(wait=True, timeout=30)
-        self.completer.writers = self.claimer.writers = self.runner.writers = self.writers
         await self.claimer.reset_orphans()
 
     async def provision(self) -> None:
         """Provision the task table (create or upgrade it, see provision.py) and take up its oid."""
-        control = self.claimer.control
+        control = self.control.conn
         report = provision.Report()
         await control.set_autocommit(False)
         control.row_factory = psycopg.rows.tuple_row
         try:
-            self.queries.oid = await provision.provision_table(control, self.entry.schema, self.entry.table, report)
+            self.queries.take_up(await provision.provision_table(control, self.entry.schema, self.entry.table, report))
         finally:
             await control.commit()
             await control.set_autocommit(True)
@@ -149,13 +150,13 @@ class Scheduler:
         prepared again, its channel listened to."""
         log.warning("%s: the task table was created again (oid %s, was %s): taking up the new one",
                     self.entry.label(), oid, self.queries.oid)
-        async with self.claimer.control_lock:
+        async with self.control.lock:
             await self.provision()
             # the instance table may have been created again too
-            await self.queries.register(self.claimer.control, self.claimer.token)
-            await self.queries.refresh_columns(self.claimer.control)
+            await self.queries.register(self.control.conn, self.control.token)
+            await self.queries.refresh_columns(self.control.conn)
         self.queries.forget()
-        self.claimer.pass_replan = True  # see claim.Claimer.claim_pass and queries.Queries.flush_version
+        self.claimer.replan()
         self.listener.reconnect()
 
     async def run(self) -> None:
@@ -173,7 +174,7 @@ class Scheduler:
             await asyncio.gather(*beside, return_exceptions=True)
 
     async def listen(self) -> None:
-        """The listener (listener.py), started again whenever it fails (supervise.py)."""
+        """The listener (listener.py), started again whenever it fails (restart.py)."""
         await supervised(f"{self.entry.label()}: the listener", self.listener.run, lambda: self.life.stopping,
                          Backoff(first=0.5, cap=30.0), log)
 
@@ -189,23 +190,21 @@ class Scheduler:
 
     async def drain(self) -> None:
         """Stop claiming; let running tasks finish within the grace period; cancel the rest."""
-        self.life.draining = True
-        self.wake.set()
+        self.life.drain()
         self.completer.spawn_flusher()  # pending finishes: no claim pass writes them any more
         await self.runner.drain(self.options.grace)
-        self.life.stopping = True
+        self.life.stop()
         self.wake.set()
 
     async def close(self) -> None:
-        self.life.stopping = True
+        self.life.stop()
         await self.claimer.stop_analyzing()
         await self.runner.close()
         await self.completer.close()
         await self.stop_hints.close()
         await self.sessions.close()
-        if self.writers is not None:
-            await self.writers.close()
-        await self.claimer.close(unregister=True)
+        await self.writers.close()
+        await self.control.close(unregister=True)
 
 
 async def _writer(conn: psycopg.AsyncConnection) -> None:

@@ -143,3 +143,21 @@ class Lifecycle:
     draining: bool = False
     stopping: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def drain(self) -> None:
+        """SIGTERM: no more claims; the claim loop is woken to see it."""
+        self.draining = True
+        self.wake.set()
+
+    def stop(self) -> None:
+        """Closing: every loop of the scheduler ends."""
+        self.stopping = True
+
+    async def sleep(self, timeout: float) -> None:
+        """The claim loop's wait: ``timeout`` seconds at most, or until woken."""
+        if timeout > 0:
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except TimeoutError:
+                pass
+        self.wake.clear()

@@ -387,14 +387,16 @@ WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.d
 -- settings' fingerprint (settings_mark); the table's oid now (see same_table); whether some group
 -- is paused or rate-limited (the next pass claims with "claim" or "claim_plain"); then when this
 -- backend last read the server's configuration (a reload: the sessions' error style is read again,
--- see Session.style) and the error style in force here (remote tasks' errors).
+-- see Session.style) and the error style in force here (remote tasks' errors). The service reads
+-- the columns in this order (queries.NextInfo, named alike).
 SELECT least(extract(epoch FROM (SELECT min("plan") FROM {table}
                                   WHERE "state" = 'PLAN' AND "plan" > statement_timestamp() AND isfinite("plan"))
                                  - statement_timestamp())::float8,
-             {@next_token}),
-       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp(),
-       ({@settings_mark}), to_regclass({regclass})::oid::int8, {@limited},
-       pg_conf_load_time(), current_setting('log_error_verbosity'), current_setting('log_min_error_statement')
+             {@next_token}) AS next_in,
+       (SELECT min("plan") FROM {table} WHERE "state" = 'PLAN') <= statement_timestamp() AS due,
+       ({@settings_mark}) AS settings_mark, to_regclass({regclass})::oid::int8 AS table_oid, {@limited} AS limited,
+       pg_conf_load_time() AS conf_loaded, current_setting('log_error_verbosity') AS error_verbosity,
+       current_setting('log_min_error_statement') AS min_error_statement
 
 -- next_plain --
 -- "next" of a pass that claimed with "claim_plain": no group's token to wait for.

@@ -449,7 +449,7 @@ def test_a_lost_control_connection_is_no_orphan_for_another_instance(db):
         async def during(sched: Scheduler) -> None:
             await wait_for_async(lambda: db.value("SELECT count(*) FROM task WHERE state = 'WORK'") == 3,
                                  message="the three tasks to run")
-            control = sched.claimer.control.info.backend_pid
+            control = sched.control.conn.info.backend_pid
             db.execute("SELECT pg_terminate_backend(%s, 5000)", (control,))
             other = db.scheduler()  # another instance: it looks for orphans when it starts
             await other.start()

@@ -66,7 +66,7 @@ async def idle_scheduler(db, run: int = 4, analyze_wait: float = 60):
     the queue empty: its next claim may start a burst. ``analyze_wait``: how long that claim waits
     for the statistics' ANALYZE (long by default: the order is what these tests look at)."""
     async with holding_scheduler(db, run=run) as (sched, claimed):
-        sched.claimer.ANALYZE_WAIT = analyze_wait
+        sched.claimer.planning.ANALYZE_WAIT = analyze_wait
         assert (await sched.claimer.claim_pass())[0] == 0  # empty
         yield sched, claimed
 
@@ -106,7 +106,7 @@ def test_statistics_older_than_the_queue_are_refreshed_before_claiming_starts(db
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claimer.claim_pass())[0]
             analyzes = db.value(ANALYZE_COUNT) - before
-            plan = await explain_prepared(sched.claimer.control, f"EXECUTE pgtask_claim('{sched.claimer.token}', {sched.queries.oid}, 1000, '{{}}', '{{}}')")
+            plan = await explain_prepared(sched.control.conn, f"EXECUTE pgtask_claim('{sched.control.token}', {sched.queries.oid}, 1000, '{{}}', '{{}}')")
             return plan, claimed, analyzes
 
     plan, claimed, analyzes = asyncio.run(go())
@@ -157,13 +157,13 @@ def test_a_claim_waits_for_a_slow_analyze_only_so_long_and_is_planned_again_afte
             before = db.value(ANALYZE_COUNT)
             # without the bound the claim would wait for the blocker, past this test's timeout
             claimed = (await asyncio.wait_for(sched.claimer.claim_pass(), 30))[0]
-            analyzing = sched.claimer.analyzing is not None and not sched.claimer.analyzing.done()
-            await sched.claimer.claim_pass()  # the replan of a burst's second pass (pass_replan), as always
+            analyzing = sched.claimer.planning.analyzing is not None and not sched.claimer.planning.analyzing.done()
+            await sched.claimer.claim_pass()  # the replan of a burst's second pass (Planning.replan_due), as always
             plans = sched.queries.plans
             await sched.claimer.claim_pass()
             unchanged = sched.queries.plans - plans  # nothing new: no replan
             blocker.rollback()
-            await asyncio.wait_for(asyncio.shield(sched.claimer.analyzing), 30)
+            await asyncio.wait_for(asyncio.shield(sched.claimer.planning.analyzing), 30)
             await sched.claimer.claim_pass()
             return claimed, int(analyzing), unchanged, sched.queries.plans - plans, db.value(ANALYZE_COUNT) - before
 
@@ -183,7 +183,7 @@ def test_a_trickle_of_tasks_is_claimed_without_analyzing(db):
 
     async def go() -> tuple[int, int]:
         async with idle_scheduler(db, run=100) as (sched, _):
-            insert_burst(db, sched.claimer.STATISTICS_DUE - 1, sched.claimer.STATISTICS_DUE - 1)
+            insert_burst(db, sched.claimer.planning.STATISTICS_DUE - 1, sched.claimer.planning.STATISTICS_DUE - 1)
             before = db.value(ANALYZE_COUNT)
             claimed = (await sched.claimer.claim_pass())[0]
             return claimed, db.value(ANALYZE_COUNT) - before
@@ -199,11 +199,11 @@ def test_the_pass_is_planned_again_when_claiming_starts(db):
     15). When claiming starts after an empty pass they are prepared again, for the queue as it is."""
     async def go() -> tuple[str, str]:
         async with idle_scheduler(db) as (sched, _):  # prepared and planned on an empty table
-            plans = [await explain_prepared(sched.claimer.control, "EXECUTE pgtask_next")]
+            plans = [await explain_prepared(sched.control.conn, "EXECUTE pgtask_next")]
             insert_burst(db, 3000, 4)
             assert (await sched.claimer.claim_pass())[0] == 4
             await sched.claimer.claim_pass()  # prepared again
-            plans.append(await explain_prepared(sched.claimer.control, "EXECUTE pgtask_next"))
+            plans.append(await explain_prepared(sched.control.conn, "EXECUTE pgtask_next"))
             return plans
 
     before, after = asyncio.run(go())

@@ -629,7 +629,7 @@ def test_a_refused_claim_leaves_no_lock_behind(db):
             with pytest.raises(psycopg.errors.RaiseException, match="not this one"):
                 await sched.claimer.claim_pass()
             assert db.execute("SELECT mode FROM pg_locks WHERE relation = 'task_claim'::regclass AND pid = %s",
-                              (sched.claimer.control.info.backend_pid,)) == []
+                              (sched.control.conn.info.backend_pid,)) == []
         finally:
             await sched.close()
 
