@@ -248,7 +248,7 @@ class LocalTarget:
     async def connect(self, task: Task) -> Session:
         """The session for ``task``; raises Ends (see open_session)."""
         if self.session is not None and (self.session.conn.closed or self.session.stale):  # stale: see control.ServerSettings.settings_seen
-            await self.parts.sessions.discard(self.session)
+            await self.parts.sessions.retire(self.session)
             self.session = None
             task.session_pid = None  # its start function sets the pid of the session it gets
         if self.session is None:
@@ -322,11 +322,11 @@ class LocalTarget:
         if self.spent:
             await self.drop()
         elif finished.save and task is not None:
-            self.session.needs_reset = False  # save: the group's next task inherits the session as is
+            self.session.keep_as_is()  # save
         return task
 
     async def drop(self) -> None:
-        await self.parts.sessions.discard(self.session)
+        await self.parts.sessions.retire(self.session)
         self.session = None
 
     async def close(self) -> None:

@@ -95,6 +95,10 @@ class Session(Connection):
         old ones: a backend reads them once): it runs no more tasks."""
         return self.settings_seen != self.reloads.settings
 
+    def keep_as_is(self) -> None:
+        """The next task inherits what this one left (save): no reset before it."""
+        self.needs_reset = False
+
     async def reset(self) -> None:
         """Back to a clean session now."""
         if not self.needs_reset:

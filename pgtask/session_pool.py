@@ -86,7 +86,7 @@ class SessionPool:
         self.reloads.settings_changed()
         for pool in self.idle.values():
             for session in pool:
-                self._chore(self.discard(session), "close a stale session")
+                self._chore(self.retire(session), "close a stale session")
             pool.clear()
 
     async def get(self, user: str, settings: tuple[tuple[str, str], ...] = ()) -> Session:
@@ -270,7 +270,7 @@ class SessionPool:
             self._grant()  # its slot is free
             return
         if session.stale:
-            await self.discard(session)
+            await self.retire(session)
             return
         idle = session.pgconn.transaction_status == pq.TransactionStatus.IDLE  # else get() drops it
         for entry in self.waiting if idle else ():
@@ -330,7 +330,8 @@ class SessionPool:
             raise
         await self.put(session)
 
-    async def discard(self, session: Session) -> None:
+    async def retire(self, session: Session) -> None:
+        """Close a session that runs no more tasks; its slot goes to a task waiting for one."""
         await session.conn.close()
         self._grant()
 

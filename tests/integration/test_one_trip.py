@@ -69,7 +69,7 @@ def run_tasks(db, inputs: list[str], trips: Trips, break_lease_of: int | None = 
                     output, error = NotStarted, None
                 results.append((output, error, trips.take()))
         finally:
-            await pool.discard(session)
+            await pool.retire(session)
         return results
 
     return asyncio.run(go())
@@ -158,7 +158,7 @@ def test_a_session_runs_each_groups_task_with_that_groups_settings(db, mode):
             for group in ("g 1", "g2", "g 1"):
                 results.append(await run_input(session, claim_as_author(group), "public", "task", oid, 1 << 20))
         finally:
-            await pool.discard(session)
+            await pool.retire(session)
         return results
 
     assert asyncio.run(go()) == [(f"{g}\tpg_task public task {g}\tpublic\ttask\t{oid}", None)
@@ -280,7 +280,7 @@ def test_a_cancelled_preamble_does_not_fall_back_to_running_the_input(db, monkey
                 released.set()
                 return await running
         finally:
-            await pool.discard(session)
+            await pool.retire(session)
 
     output, error = asyncio.run(go())
     assert trips.sent[1:] == ["ROLLBACK"]  # after the one-trip string only its block's end: no preamble, no input
@@ -322,8 +322,8 @@ def test_a_task_the_claim_started_on_a_session_runs_there_only_while_it_is_still
                     outcome = NotStarted
                 results.append((task.id, outcome, trips.take()))
         finally:
-            await pool.discard(session)
-            await pool.discard(other)
+            await pool.retire(session)
+            await pool.retire(other)
         return results
 
     results = asyncio.run(go())

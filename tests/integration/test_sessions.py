@@ -82,7 +82,7 @@ def test_a_query_whose_backend_ends_with_input_unread_fails_as_lost(db, run):
             with pytest.raises(psycopg.OperationalError):  # raised, or an error result of a lost connection
                 wire.raise_if_lost(await asyncio.wait_for(running, 10), session.pgconn)
         finally:
-            await pool.discard(session)
+            await pool.retire(session)
             await pool.close()
 
     run(go())
