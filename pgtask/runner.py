@@ -24,7 +24,6 @@ from .output import message, reason, simple_error
 from .parts import Parts
 from .queries import local_facts, ping
 from .session import Session
-from .session_pool import SessionPool
 from .task import NotStarted, Task
 
 log = logging.getLogger("pgtask.runner")

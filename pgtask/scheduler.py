@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -29,14 +27,12 @@ from psycopg_pool import AsyncConnectionPool
 from . import names, provision
 from .claim import Claimer
 from .completer import Completer
-from .control import Control, ServerSettings
-from .config import SERVICE_KEYS, Entry
+from .config import Entry
 from .connect import Backoff, with_liveness, without_timeouts
-from .inputs import Budget
+from .control import Control, ServerSettings
 from .listener import Hints, Listener, StopHints
 from .maintenance import Maintenance, MaintenanceOptions
-from .metrics import NO_METRICS, Sink
-from .parts import Parts
+from .parts import Options, Parts
 from .queries import WRITER_SETTINGS, Queries, connection_slots
 from .restart import supervised
 from .runner import Runner
@@ -45,26 +41,6 @@ from .slots import Slots
 from .task import InFlight, Lifecycle
 
 log = logging.getLogger("pgtask.scheduler")
-
-
-@dataclass
-class Options:
-    sleep: float          # seconds: the poll floor (pg_task.sleep)
-    run: int              # tasks in flight at most (pg_task.run)
-    limit: int            # rows per claim (pg_task.limit)
-    reset_check: float    # seconds between orphan checks
-    output_limit: int
-    execute_as: str
-    grace: float
-    connecting: int = 4   # executor sessions being opened at once, at most (SessionPool)
-    max_sessions: int = 0  # executor sessions open at once, at most; 0: derived from the server (slots.py)
-    remote_attempts: int = 6  # connections a remote task tries while each fails before its input is sent
-    remote_backoff: float = 1.0  # seconds before the second of them, doubling (see runner.RemoteTarget.again)
-    # the process's budget for large inputs (shared by its schedulers: see inputs.py)
-    inputs: Budget = field(default_factory=lambda: Budget(SERVICE_KEYS["input_budget"][1]))
-    # config.MAINTENANCE_KEYS; None: no maintenance in this process (a worker: supervisor.Workers)
-    maintenance: dict[str, Any] | None = field(default_factory=dict)
-    metrics: Sink = NO_METRICS  # what it reports (pgtask/metrics.py)
 
 
 class Scheduler:

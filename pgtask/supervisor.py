@@ -23,7 +23,8 @@ from .inputs import Budget
 from .metrics import NO_METRICS, Monitoring
 from .precedence import resolve
 from .restart import Every, supervised
-from .scheduler import Options, Scheduler
+from .parts import Options
+from .scheduler import Scheduler
 from .systemd_notify import Notifier
 
 log = logging.getLogger("pgtask.supervisor")

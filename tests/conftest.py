@@ -24,7 +24,8 @@ from support import Service, wait_for
 from pgtask import provision
 from pgtask.cluster import Cluster, debian_bindir, find_bindir, free_port
 from pgtask.config import Entry
-from pgtask.scheduler import Options, Scheduler
+from pgtask.parts import Options
+from pgtask.scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
