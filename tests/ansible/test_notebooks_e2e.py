@@ -281,7 +281,7 @@ def test_a_browser_runs_the_queue_inspection(host, lab, tmp_path_factory):
     expect.set_options(timeout=timeout)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-proxy-server"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1250})
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
         page.set_default_timeout(timeout)
         try:
             page.goto(lab + "/login?next=%2Flab%2Ftree%2Fqueue_inspection.ipynb")
@@ -307,7 +307,7 @@ def test_a_browser_runs_the_queue_inspection(host, lab, tmp_path_factory):
             expect(idle).to_have_count(1)
             # the figure and the summary below it, as an operator sees them (file browser folded away)
             page.keyboard.press("Control+b")
-            figure.evaluate("e => e.scrollIntoView({block: 'start'})")
+            summary.evaluate("e => e.scrollIntoView({block: 'end'})")
             box = figure.bounding_box()
             assert box and box["width"] > 200 and box["height"] > 200, box
             page.screenshot(path=str(shots / "lab-queue-inspection.png"))
