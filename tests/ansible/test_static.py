@@ -183,9 +183,14 @@ def test_entries_fill_data_and_user_from_each_other(tmp_path, pg):
     entries = [{"data": "app1"}, {"user": "rep"}, {"data": "d3", "user": "u3"}, {}]
     run = role_play(pg.dir, "preflight", ("pg_ident.conf",), pgtask_entries=entries)
     assert run.rc == 0, run.output[-3000:]
-    # every entry's role as pgtask fills it in (README, Entries): app1, rep, u3, and postgres
-    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), ("pgtask", "postgres"), ("pgtask", "app1"),
-                                  ("pgtask", "rep"), ("pgtask", "u3")]
+    # every entry's role as pgtask fills it in (README, Entries): app1, rep, u3, and postgres; for the
+    # service's account and JupyterLab's (pgtask_lab), and for the service's alone without the lab
+    roles = ["postgres", "app1", "rep", "u3"]
+    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), *[("pgtask", r) for r in roles],
+                                  *[("pgtask-lab", r) for r in roles]]
+    run = role_play(pg.dir, "preflight", ("pg_ident.conf",), pgtask_entries=entries, pgtask_lab=False)
+    assert run.rc == 0, run.output[-3000:]
+    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), *[("pgtask", r) for r in roles]]
 
 
 @pytest.mark.parametrize("entries", [
@@ -357,7 +362,9 @@ def test_postgresql_files_quote_what_postgresql_reads(pg):
                     pgtask_entries=[{"data": "d", "user": "app"}], pgtask_postgresql_hba=hba,
                     pgtask_postgresql_settings=settings)
     assert run.rc == 0, run.output[-3000:]
-    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), *[("pgtask", role) for role in [*roles, "app"]]]
+    # the same names for JupyterLab's account too (pgtask_lab)
+    assert ident_mappings(pg) == [("/^(.*)$", "\\1"), *[(user, role) for user in ("pgtask", "pgtask-lab")
+                                                         for role in [*roles, "app"]]]
     rules = pg.rows("SELECT type, array_to_string(database, '|'), array_to_string(user_name, '|'), "
                     "coalesce(address, ''), auth_method, coalesce(array_to_string(options, '|'), ''), "
                     "coalesce(error, '') FROM pg_hba_file_rules ORDER BY line_number")
