@@ -19,7 +19,7 @@ import psycopg
 from .connect import Backoff, Connection
 from .output import simple_error
 from .parts import Parts
-from .queries import FINISH_PARAMS, FLUSH_PARAMS, finish_arrays
+from .queries import finish_arrays
 from .task import FinishWrite, StartWrite, Task, Write
 
 log = logging.getLogger("pgtask.completer")
@@ -327,8 +327,8 @@ class Completer:
                         "lease": [t.lease for t in deletes]})
                 return matched
             if works or repeats:
-                return await self.queries.run_flush(conn, "flush", FLUSH_PARAMS, params)
-            return await self.queries.run_flush(conn, "flush_finish", FINISH_PARAMS, params)
+                return await self.queries.run_flush(conn, "flush", params)
+            return await self.queries.run_flush(conn, "flush_finish", params)
 
         try:
             matched, retried = await self._on_writer(statements, "flush")

@@ -112,6 +112,11 @@ CLAIM_NEXT_PARAMS = ("token", "oid", "group", "remote", "user", "max", "done", "
 FINISH_PARAMS = ("f_id", "f_attempt", "f_lease", "f_output", "f_error")
 FLUSH_PARAMS = ("w_id", "w_attempt", "w_lease", "w_pid", *FINISH_PARAMS, "sync")
 
+# Every statement the service PREPAREs (as pgtask_<name>), with its parameters in $n order.
+PREPARED: dict[str, tuple[str, ...]] = {**PASS_STATEMENTS, "statistics": STATISTICS_PARAMS,
+                                        "claim_next": CLAIM_NEXT_PARAMS, "flush": FLUSH_PARAMS,
+                                        "flush_finish": FINISH_PARAMS}
+
 
 def dump(tx: Transformer, names: tuple[str, ...], params: dict) -> list[bytes]:
     """The flush parameters ``names`` of ``params`` in text, as psycopg writes them for the
@@ -208,10 +213,9 @@ class Queries:
             self.copy_columns = cols
             self._texts.clear()
 
-    async def prepare(self, conn: psycopg.AsyncConnection, name: str, params: tuple[str, ...],
-                        version: object) -> None:
+    async def prepare(self, conn: psycopg.AsyncConnection, name: str, version: object) -> None:
         """Have the named query ``name`` prepared on ``conn`` as pgtask_<name> (its %(param)s as $n, in
-        the order of ``params``), for ``version``: prepared again when that changed (a new column
+        the order PREPARED gives), for ``version``: prepared again when that changed (a new column
         set for the flush, a new planning round: see claim.Claimer.claim_pass), once per connection otherwise.
         The connections they live on (control, writers) have psycopg's own automatic preparation
         off (prepare_threshold=None): once psycopg has prepared a statement on a connection, it
@@ -223,7 +227,7 @@ class Queries:
         if name in have:
             await conn.execute(sql.SQL("DEALLOCATE {}").format(ident))
             del have[name]
-        await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(numbered(self.text(name), params)))
+        await conn.execute(sql.SQL("PREPARE {} AS ").format(ident) + sql.SQL(numbered(self.text(name), PREPARED[name])))
         have[name] = version
 
     def flush_version(self) -> tuple[str, int]:
@@ -231,14 +235,14 @@ class Queries:
         the claim pass's planning round (planned on a small table, a flush's generic plan went bad)."""
         return self.copy_columns, self.plans
 
-    async def run_flush(self, conn: psycopg.AsyncConnection, name: str, names: tuple[str, ...],
-                        params: dict) -> set[tuple[str, int]]:
-        """A flush statement (``name``, its parameters ``names``) on a writer, prepared once per
+    async def run_flush(self, conn: psycopg.AsyncConnection, name: str, params: dict) -> set[tuple[str, int]]:
+        """A flush statement (``name``: "flush" or "flush_finish") on a writer, prepared once per
         connection (and per column set), its parameters sent as text and its rows read from libpq:
         half the service's CPU of psycopg's execute. Returns the (kind, id) rows; a failure raises
         the psycopg error."""
-        await self.prepare(conn, name, names, self.flush_version())
-        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(), dump(Transformer(conn), names, params))
+        await self.prepare(conn, name, self.flush_version())
+        await wire.send_prepared(conn.pgconn, f"pgtask_{name}".encode(),
+                                 dump(Transformer(conn), PREPARED[name], params))
         results, error = await wire.results(conn.pgconn)
         if error is not None:
             raise errors.error_from_result(error, encoding=conn.info.encoding)
@@ -277,7 +281,7 @@ class Queries:
     async def statistics(self, conn: psycopg.AsyncConnection, bound: int):
         """The PLAN rows the statistics count and the rows due now, counted up to ``bound``
         (see "statistics"), prepared like the pass's statements."""
-        await self.prepare(conn, "statistics", STATISTICS_PARAMS, self.plans)
+        await self.prepare(conn, "statistics", self.plans)
         cur = await conn.execute(f"EXECUTE pgtask_statistics({int(self.oid)}, {int(bound)})")
         return await cur.fetchone()
 
@@ -287,7 +291,7 @@ class Queries:
     async def prepare_pass(self, conn: psycopg.AsyncConnection, limited: bool) -> None:
         """The statements of a claim pass (see claim_pass_text), prepared for this planning round."""
         for name in ("expire", *pass_claim(limited)):
-            await self.prepare(conn, name, PASS_STATEMENTS[name], self.plans)
+            await self.prepare(conn, name, self.plans)
 
     async def pass_finishes(self, conn: psycopg.AsyncConnection, loader: Transformer,
                             finishes: list[FinishWrite], slow: float) -> list[bytes]:
@@ -298,7 +302,7 @@ class Queries:
         session's plan_cache_mode."""
         if not finishes:
             return []
-        await self.prepare(conn, "flush_finish", FINISH_PARAMS, self.flush_version())
+        await self.prepare(conn, "flush_finish", self.flush_version())
         escape = pq.Escaping(conn.pgconn)
         values = dump(loader, FINISH_PARAMS, finish_arrays(finishes))
         args = b", ".join(escape.escape_literal(v) for v in values)
@@ -328,7 +332,7 @@ class Queries:
     async def claim_next(self, conn: psycopg.AsyncConnection, values: dict):
         """The claim lock (as a claim pass takes it) and the claim of a group's next task for a
         session within count/live, in one round trip (see "claim_next"): its row, or None."""
-        await self.prepare(conn, "claim_next", CLAIM_NEXT_PARAMS, self.plans)
+        await self.prepare(conn, "claim_next", self.plans)
         values = {**values, "oid": self.oid}
         cur = await conn.execute(sql.Composed([
             sql.SQL(self.text("claim_lock") + "; EXECUTE pgtask_claim_next("),

@@ -14,14 +14,6 @@ from . import queries
 from . import sql as named
 from .sql import INCLUDE
 
-# The statements the service PREPAREs (as pgtask_<name>) and their parameters, in $n order.
-PREPARED: dict[str, tuple[str, ...]] = {
-    **queries.PASS_STATEMENTS,
-    "statistics": queries.STATISTICS_PARAMS,
-    "claim_next": queries.CLAIM_NEXT_PARAMS,
-    "flush": queries.FLUSH_PARAMS,
-    "flush_finish": queries.FINISH_PARAMS,
-}
 # The columns a repeat copies (the answer of "columns") for a table pgtask provisioned: the service
 # reads them from the table; a table with columns of its own copies those too (--columns).
 PROVISIONED_COPY_COLUMNS = ('active, live, repeat, timeout, count, max, delete, drift, header, save, string, '
@@ -38,7 +30,7 @@ def statement_names() -> list[str]:
     text = resources.files("pgtask.sql").joinpath("queries.sql").read_text()
     included = {name for m in INCLUDE.finditer(text) if m.group(1) is None
                 for name in (m.group(2), *(pair.split("=")[1] for pair in m.group(3).split()))}
-    names = [name for name in named.queries("queries.sql") if name in PREPARED or name not in included]
+    names = [name for name in named.queries("queries.sql") if name in queries.PREPARED or name not in included]
     return [*names, *PASSES]
 
 
@@ -48,10 +40,10 @@ def render(name: str, schema: str = "public", table: str = "task",
     if name in PASSES:
         return queries.Queries(schema, table).claim_pass_text([], True, PASS_EXAMPLE, PASSES[name]).decode()
     text = queries.render_query(name, schema, table, copy_columns)
-    if name not in PREPARED:
+    if name not in queries.PREPARED:
         return text
     return (sql.SQL("PREPARE {} AS ").format(sql.Identifier(f"pgtask_{name}"))
-            + sql.SQL(queries.numbered(text, PREPARED[name]))).as_string(None)
+            + sql.SQL(queries.numbered(text, queries.PREPARED[name]))).as_string(None)
 
 
 def write(directory: Path, schema: str = "public", table: str = "task",

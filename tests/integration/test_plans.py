@@ -225,12 +225,12 @@ def test_the_flushes_are_planned_again_with_the_pass(db):
 
     async def go() -> tuple[str, str]:
         async with idle_scheduler(db) as (sched, _), sched.writers.connection() as writer:
-            await sched.queries.run_flush(writer, "flush_finish", FINISH_PARAMS, empty)  # planned on 0 rows
+            await sched.queries.run_flush(writer, "flush_finish", empty)  # planned on 0 rows
             plans = [await explain_prepared(writer, FLUSH)]
             insert_burst(db, 20000, 4)
             assert (await sched.claimer.claim_pass())[0] == 4
             await sched.claimer.claim_pass()  # the pass is prepared again: so are the flushes, when next used
-            await sched.queries.run_flush(writer, "flush_finish", FINISH_PARAMS, empty)
+            await sched.queries.run_flush(writer, "flush_finish", empty)
             plans.append(await explain_prepared(writer, FLUSH))
             return plans
 
