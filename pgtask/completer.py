@@ -19,7 +19,7 @@ import psycopg
 from .connect import Backoff, Connection
 from .output import simple_error
 from .parts import Parts
-from .queries import finish_arrays
+from .queries import flush_params
 from .task import FinishWrite, StartWrite, Task, Write
 
 log = logging.getLogger("pgtask.completer")
@@ -304,14 +304,7 @@ class Completer:
     async def flush(self, batch: list[Write]) -> None:
         works = [w for w in batch if isinstance(w, StartWrite)]
         finishes = [w for w in batch if isinstance(w, FinishWrite)]
-        params = {
-            "w_id": [w.task.id for w in works], "w_attempt": [w.task.attempt for w in works],
-            "w_lease": [w.task.lease for w in works], "w_pid": [w.pid for w in works],
-            **finish_arrays(finishes),
-            # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash, the rows
-            # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
-            # durable before this (its own commits flush the WAL up to it).
-            "sync": "on" if finishes else "off"}
+        params = flush_params(works, finishes)
         deletes = [w.task for w in finishes if w.deletes]
         repeats = any(w.task.repeats for w in finishes)
 

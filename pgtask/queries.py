@@ -166,6 +166,17 @@ def finish_arrays(finishes: list) -> dict[str, list]:
             "f_error": [w.error for w in finishes]}
 
 
+def flush_params(works: list, finishes: list) -> dict:
+    """The parameters of "flush"/"flush_finish": pending starts (task.StartWrite) and finishes."""
+    return {
+        "w_id": [w.task.id for w in works], "w_attempt": [w.task.attempt for w in works],
+        "w_lease": [w.task.lease for w in works], "w_pid": [w.pid for w in works],
+        **finish_arrays(finishes),
+        # Only TAKE -> WORK: no need to wait for the WAL flush. Lost in a server crash, the rows
+        # are TAKE again (reset, run again -- as for a crash mid-run); nothing of the input is
+        # durable before this (its own commits flush the WAL up to it).
+        "sync": "on" if finishes else "off"}
+
 
 # About a remote task's author, asked in the local database before connecting (remote.py's password rule).
 LOCAL_FACTS = """SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = %s), false),
