@@ -21,7 +21,7 @@ DML_TAGS = (b"INSERT", b"UPDATE", b"DELETE", b"MERGE")
 (COMMAND_OK, TUPLES_OK, SINGLE_TUPLE, FATAL_ERROR, COPY_OUT, COPY_IN, COPY_BOTH) = (
     int(getattr(pq.ExecStatus, name)) for name in (
         "COMMAND_OK", "TUPLES_OK", "SINGLE_TUPLE", "FATAL_ERROR", "COPY_OUT", "COPY_IN", "COPY_BOTH"))
-TRUNCATED = "\n... [output truncated at {limit} bytes by pgtask]"
+TRUNCATED = "\n... [output truncated at {limit} characters by pgtask]"
 _SURROGATE = re.compile("[\udc80-\udcff]")  # a byte decoding kept as it was (surrogateescape)
 
 
@@ -36,7 +36,7 @@ class Format:
 
 
 class Output:
-    """Accumulates output pieces with a byte cap (bounded memory for huge results).
+    """Accumulates output pieces with a cap in characters (bounded memory for huge results).
 
     Text is decoded in ``encoding``, the connection's client encoding when the input started; bytes
     that are not valid in it are kept (surrogateescape) until value() knows the encoding the input

@@ -203,7 +203,7 @@ def test_huge_output_is_capped_in_bounded_memory(db, service_factory):
     task_id = db.insert("SELECT repeat('x', 1000) FROM generate_series(1, 100000)")  # 100 MB of output
     row = db.wait_state(task_id, timeout=120)
     assert row["state"] == "DONE"
-    assert len(row["output"]) < 1_100_000 and row["output"].endswith("[output truncated at 1000000 bytes by pgtask]")
+    assert len(row["output"]) < 1_100_000 and row["output"].endswith("[output truncated at 1000000 characters by pgtask]")
     peak_kb = int(next(line.split()[1] for line in Path(f"/proc/{svc.proc.pid}/status").read_text().splitlines()
                        if line.startswith("VmHWM")))
     assert peak_kb < 150_000, f"peak RSS {peak_kb} kB"

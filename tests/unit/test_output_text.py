@@ -59,21 +59,21 @@ def test_output_beyond_the_limit_is_cut_and_says_so_once():
     out.piece("ijklmn")  # "\n" is the 9th character, "i" the 10th
     out.piece("more")
     out.raw("more")
-    assert out.truncated and out.value() == "abcdefgh\ni\n... [output truncated at 10 bytes by pgtask]"
-    assert TRUNCATED.format(limit=10) == "\n... [output truncated at 10 bytes by pgtask]"
+    assert out.truncated and out.value() == "abcdefgh\ni\n... [output truncated at 10 characters by pgtask]"
+    assert TRUNCATED.format(limit=10) == "\n... [output truncated at 10 characters by pgtask]"
 
 
 def test_a_limit_of_zero_keeps_only_the_notice():
     out = Output(Format(), 0)
     out.piece("x")
-    assert out.value() == "\n... [output truncated at 0 bytes by pgtask]"
+    assert out.value() == "\n... [output truncated at 0 characters by pgtask]"
 
 
 def test_the_limit_counts_characters():
     """docs/reference.md: output_limit is the characters of output kept (the notice's word is bytes)."""
     out = Output(Format(), 3)
     out.piece("é\U0001F600éé")
-    assert out.value() == "é\U0001F600é\n... [output truncated at 3 bytes by pgtask]"
+    assert out.value() == "é\U0001F600é\n... [output truncated at 3 characters by pgtask]"
 
 
 def test_a_piece_exactly_at_the_limit_is_not_cut():
