@@ -58,7 +58,11 @@ def parse(text: str, filename: str = "<text>") -> dict[str, str]:
 
 def swaps_of(m: re.Match, where: str) -> dict[str, str]:
     """An include's swaps ({@name a=b}: a -> b); only within one file."""
-    swapping = dict(pair.split("=") for pair in m.group(3).split())
+    pairs = [pair.split("=") for pair in m.group(3).split()]
+    swapping = dict(pairs)
+    if len(swapping) < len(pairs):
+        twice = sorted({a for a, _ in pairs if sum(x == a for x, _ in pairs) > 1})
+        raise ValueError(f"{where} swaps {', '.join(twice)} twice in one include")
     if swapping and m.group(1) is not None:
         raise ValueError(f"{where} includes {m.group(1)}:{m.group(2)} with swaps: a swap is of a part "
                          f"of the same file")
@@ -67,7 +71,10 @@ def swaps_of(m: re.Match, where: str) -> dict[str, str]:
 
 def include(filename: str, name: str, where: str) -> str:
     """The query ``name`` of ``filename`` for an include in ``where`` (a file and query, for the error)."""
-    found = queries(filename).get(name)
+    try:
+        found = queries(filename).get(name)
+    except FileNotFoundError:
+        raise ValueError(f"{where} includes {filename}:{name}, and there is no {filename}") from None
     if found is None:
         raise ValueError(f"{where} includes {filename}:{name}, which is not defined")
     return found

@@ -56,6 +56,9 @@ def test_several_swaps_at_once():
     ("-- a --\n1\n-- b --\n2\n-- a --\n1\n", "x.sql: query a defined twice"),
     ("-- a --\n{@queries.sql:no_such_query}\n",
      "x.sql: a includes queries.sql:no_such_query, which is not defined"),
+    ("-- a --\n{@no_such_file.sql:b}\n", "x.sql: a includes no_such_file.sql:b, and there is no no_such_file.sql"),
+    ("-- a --\n{@b c=d c=e}\n-- b --\n{@c}\n-- c --\n1\n-- d --\n2\n-- e --\n3\n",
+     "x.sql: a swaps c twice in one include"),
 ])
 def test_a_broken_file_is_refused_with_the_reason(text, error):
     with pytest.raises(ValueError) as caught:
