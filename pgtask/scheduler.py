@@ -142,6 +142,8 @@ class Scheduler:
             # schedules, retention, key expiry: their own connection and timers, never in the claim path
             beside.append(asyncio.create_task(self.maintenance.run(), name=f"maintenance {self.entry.label()}"))
         self.ready.set()
+        # logged here, not when the task is created: only now is the table provisioned and claimed from
+        log.info("claiming: %s (sleep %d ms)", self.entry.label(), self.entry.sleep)
         try:
             await self.claimer.run()
         finally:

@@ -301,7 +301,7 @@ class Supervisor:
         sched = Scheduler(entry, self.conninfo, options)
         task = asyncio.create_task(self.guard(sched), name=f"scheduler {entry.label()}")
         self.schedulers[entry.key] = (sched, task)
-        log.info("scheduler started: %s (sleep %d ms)", entry.label(), entry.sleep)
+        log.info("scheduler starting: %s", entry.label())
 
     async def guard(self, sched: Scheduler) -> None:
         """Run a scheduler until it is drained; if it fails, close it and run a new one (fresh

@@ -71,7 +71,7 @@ def test_four_entries_from_nothing_and_sighup(db, cluster, service_factory):
     entries = [entries[0], entries[1], entries[3], {"data": db.name, "user": "postgres", "table": "t5"}]
     svc.write_config(toml(entries))
     svc.signal(signal.SIGHUP)
-    wait_for(lambda: "scheduler started: postgres@" + db.name + " public.t5" in svc.output(), 20,
+    wait_for(lambda: "claiming: postgres@" + db.name + " public.t5" in svc.output(), 20,
              message="the added entry to start")
     task_id = run_in(cluster, db.name, "postgres", "public", "t5")
     wait_for(lambda: state_in(cluster, db.name, "public", "t5", task_id)[0] == "DONE", message="t5 task")
