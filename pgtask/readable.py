@@ -1,4 +1,5 @@
-"""Numbers written for people -- ``4.2 s``, ``3 min``, ``1,759``, ``never`` -- and plain-text tables:
+"""Numbers written for people -- ``4.2 s``, ``3 min``, ``1,759``, ``never`` -- task ids and pids as
+plain integers, and plain-text tables:
 what ``pgtask status``, the notebooks' tables and their figures print."""
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ def missing(value) -> bool:
 def count(n) -> str:
     """1759 -> '1,759'; None -> ''."""
     return "" if missing(n) else f"{int(n):,}"
+
+
+def ident(n) -> str:
+    """A task id or a pid: 12345 -> '12345' (no separators: it is pasted into SQL); None -> ''."""
+    return "" if missing(n) else str(int(n))
+
+
+def identifier_column(name: str) -> bool:
+    """Whether a table column holds task ids or pids ('id', 'pid', 'parent', 'example id', …)."""
+    return name in ("id", "pid", "parent") or name.endswith((" id", "_id"))
 
 
 def duration(seconds, none: str = "") -> str:

@@ -90,8 +90,8 @@ def verdict(live: dict, schema: str, table_name: str, behind_after: float = 60.0
 
 # -- per group -------------------------------------------------------------------------------------
 
-GROUP_COLUMNS = ("group", "due", "oldest due", "planned", "running", "done", "fail", "gone", "stop",
-                 "fail %", "rate", "pickup p50", "pickup p99", "done (all)", "fail (all)", "gone (all)",
+GROUP_COLUMNS = ("group", "due", "oldest due", "planned", "running", "orphaned", "done", "fail", "gone",
+                 "stop", "fail %", "rate", "pickup p50", "pickup p99", "done (all)", "fail (all)", "gone (all)",
                  "stop (all)")
 GROUP_NUMERIC = (False,) + (True,) * (len(GROUP_COLUMNS) - 1)
 
@@ -104,14 +104,16 @@ def groups(conn: psycopg.Connection, schema: str, table_name: str, since: str) -
         g["finished_window"] = sum(g[f"{s}_window"] for s in ("done", "fail", "gone", "stop"))
         g["failed_window"] = g["finished_window"] - g["done_window"]
         g["rate"] = g["finished_window"] / window if window > 0 else None
-    found.sort(key=lambda g: (-(g["due"] + g["running"] + g["finished_window"]), g["group"]))
+    found.sort(key=lambda g: (-(g["due"] + g["running"] + g["orphaned"] + g["finished_window"]),
+                              g["group"]))
     return found
 
 
 def group_cells(g: dict) -> list[str]:
     """One group's row as text, in GROUP_COLUMNS' order."""
     return [g["group"], count(g["due"]), duration(g["oldest_due_seconds"]), count(g["planned"]),
-            count(g["running"]), *(count(g[f"{s}_window"]) for s in ("done", "fail", "gone", "stop")),
+            count(g["running"]), count(g["orphaned"]),
+            *(count(g[f"{s}_window"]) for s in ("done", "fail", "gone", "stop")),
             percent(g["failed_window"], g["finished_window"]), rate(g["rate"]),
             duration(g["pickup_p50_seconds"]), duration(g["pickup_p99_seconds"]),
             *(count(g[s]) for s in ("done", "fail", "gone", "stop"))]
@@ -119,13 +121,13 @@ def group_cells(g: dict) -> list[str]:
 
 def total_cells(found: list[dict]) -> list[str]:
     """The all-groups row (no percentiles: they do not add up)."""
-    total = {k: sum(g[k] for g in found) for k in ("due", "planned", "running", "done_window", "fail_window",
-                                                     "gone_window", "stop_window", "done", "fail", "gone",
-                                                     "stop", "finished_window", "failed_window")}
+    total = {k: sum(g[k] for g in found)
+             for k in ("due", "planned", "running", "orphaned", "done_window", "fail_window", "gone_window",
+                       "stop_window", "done", "fail", "gone", "stop", "finished_window", "failed_window")}
     rates = [g["rate"] for g in found if g["rate"] is not None]
     oldest = [g["oldest_due_seconds"] for g in found if g["oldest_due_seconds"] is not None]
     return ["(all groups)", count(total["due"]), duration(max(oldest) if oldest else None),
-            count(total["planned"]), count(total["running"]),
+            count(total["planned"]), count(total["running"]), count(total["orphaned"]),
             *(count(total[f"{s}_window"]) for s in ("done", "fail", "gone", "stop")),
             percent(total["failed_window"], total["finished_window"]), rate(sum(rates) if rates else None),
             "", "", *(count(total[s]) for s in ("done", "fail", "gone", "stop"))]

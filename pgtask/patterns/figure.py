@@ -3,6 +3,8 @@ DataFrames), and a graph of tasks and their dependencies (the depend notebook's)
 
 from __future__ import annotations
 
+import textwrap
+
 from ..readable import count, duration
 
 STATE_COLORS = {"PLAN": "#9e9e9e", "WAIT": "#fdd835", "TAKE": "#64b5f6", "WORK": "#1e88e5", "DONE": "#43a047",
@@ -11,15 +13,18 @@ FINAL = ("DONE", "FAIL", "GONE", "STOP")
 
 
 def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, per_bucket, backlog, timings,
-                 start, end, top: int = 10):
-    """Six panels: rows by state (the whole table, log scale), the busiest groups' finished tasks,
-    the finish rate (tasks/s) and the due backlog over the window, pickup latency and run time of
-    the tasks that ran (log axes). ``per_bucket``: finished tasks by bucket (index) and state
-    (columns); ``backlog``: bucket, backlog; ``start``/``end``: the window's ends (UTC)."""
+                 start, end, top: int = 10, verdict=None):
+    """Six panels under the liveness verdict (``verdict``: status.verdict's, as `pgtask status`
+    prints it; green when OK, red otherwise): rows by state (the whole table, log scale), the
+    busiest groups' finished tasks, the finish rate (tasks/s) and the due backlog over the window,
+    pickup latency and run time of the tasks that ran (log axes). ``per_bucket``: finished tasks by
+    bucket (index) and state (columns); ``backlog``: bucket, backlog; ``start``/``end``: the
+    window's ends (UTC)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(3, 2, figsize=(12, 11), layout="constrained")
-    fig.suptitle(f"{title}: the last {since} (rows by state: the whole table)", fontsize=14)
+    fig.suptitle(figure_title(title, since, verdict), fontsize=13,
+                 color="black" if verdict is None else VERDICT_COLORS[verdict.ok])
     states_panel(axes[0][0], counts)
     groups_panel(axes[0][1], groups[:top], since)
     rate_panel(axes[1][0], per_bucket, bucket_seconds)
@@ -29,6 +34,17 @@ def queue_figure(title: str, since: str, bucket_seconds: float, counts, groups, 
     latency_panel(axes[2][0], timings["pickup_seconds"], "pickup latency (start − plan)", "#1e88e5")
     latency_panel(axes[2][1], timings["run_seconds"], "run time (stop − start)", "#43a047")
     return fig
+
+
+VERDICT_COLORS = {True: "#2e7d32", False: "#c62828"}
+
+
+def figure_title(title: str, since: str, verdict=None, width: int = 110) -> str:
+    """The figure's title: the table and window, then the liveness verdict's headline, wrapped."""
+    first = f"{title}: the last {since} (rows by state: the whole table)"
+    if verdict is None:
+        return first
+    return "\n".join([first, *textwrap.wrap(verdict.headline, width)])
 
 
 def thousands():

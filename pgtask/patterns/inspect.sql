@@ -20,10 +20,13 @@ FROM {table} WHERE "state" = 'PLAN'
 
 -- query backlog_over_time --
 -- The due backlog at the end of each bucket of the window: a row is in it from its plan until it
--- started (or expired: GONE); a row still PLAN is in it now. A STOP row that never started is left
--- out (when it was stopped is not recorded).
+-- started, or, GONE, until it expired at plan + active (its start and stop are when the service
+-- noticed: a row inserted with a plan long past expires at once, and was never waiting in
+-- between); a row still PLAN is in it now. A STOP row that never started is left out (when it was
+-- stopped is not recorded).
 WITH r AS (
-    SELECT "plan", CASE WHEN "state" <> 'PLAN' THEN coalesce("start", "stop") END AS "left_at"
+    SELECT "plan", CASE WHEN "state" = 'GONE' THEN least("plan" + "active", coalesce("start", "stop"))
+                        WHEN "state" <> 'PLAN' THEN coalesce("start", "stop") END AS "left_at"
     FROM {source}
     WHERE "plan" <= statement_timestamp() AND isfinite("plan")
       AND NOT ("state" = 'STOP' AND "start" IS NULL AND "stop" IS NULL)
@@ -61,17 +64,24 @@ GROUP BY 1, 2 ORDER BY 1, 2
 
 -- query failures --
 -- Tasks that did not succeed within the window -- FAIL, GONE (expired before they ran: "task not
--- active") and STOP (cancelled) -- by state and the first line of their error, with the groups,
--- the latest one and a sample of its input. A STOP row that never started has no stop: its plan
--- places it.
-SELECT "state"::text AS "state",
-       coalesce(split_part("error", E'\n', 1), CASE WHEN "state" = 'STOP' THEN 'stopped' END) AS "error",
-       count(*) AS "tasks", max(coalesce("stop", least("plan", statement_timestamp()))) AS "last_seen",
-       max("id") AS "latest_id", string_agg(DISTINCT "group", ', ') AS "groups",
-       (array_agg(left(regexp_replace("input", '\s+', ' ', 'g'), 60) ORDER BY "id" DESC))[1] AS "sample_input"
-FROM {source}
-WHERE "state" IN ('FAIL', 'GONE', 'STOP')
-  AND coalesce("stop", least("plan", statement_timestamp())) >= statement_timestamp() - %(since)s::interval
+-- active") and STOP (cancelled) -- by state and the first line of their error with its numbers
+-- masked (timestamps -> "...", other runs of digits -> N: "task 123 failed at 2026-01-02 03:04:05"
+-- and "task 7 failed at ..." are one kind of failure), with the count, the groups, the latest one's
+-- time, id and a sample of its input. A STOP row that never started has no stop: its plan places it.
+SELECT "state", "error", count(*) AS "tasks", max("at") AS "latest",
+       (array_agg("id" ORDER BY "at" DESC, "id" DESC))[1] AS "example_id",
+       string_agg(DISTINCT "group", ', ') AS "groups",
+       (array_agg(left(regexp_replace("input", '\s+', ' ', 'g'), 60) ORDER BY "at" DESC, "id" DESC))[1]
+           AS "sample_input"
+FROM (SELECT "state"::text AS "state", "id", "group", "input",
+             coalesce(regexp_replace(regexp_replace(split_part("error", E'\n', 1),
+                          '\d\d\d\d-\d\d-\d\d([ T]\d\d:\d\d(:\d\d(\.\d+)?)?([+-]\d\d(:?\d\d)?|Z)?)?',
+                          '...', 'g'), '\d+', 'N', 'g'),
+                      CASE WHEN "state" = 'STOP' THEN 'stopped' END) AS "error",
+             coalesce("stop", least("plan", statement_timestamp())) AS "at"
+      FROM {source}
+      WHERE "state" IN ('FAIL', 'GONE', 'STOP')) f
+WHERE "at" >= statement_timestamp() - %(since)s::interval
 GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC
 
 -- query stuck --
@@ -80,7 +90,8 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 4 DESC
 -- claimed them died; pgtask resets these itself within pgtask.reset_check seconds while it runs:
 -- TAKE/WORK back to PLAN, STOP ended) or running longer than stuck_after.
 SELECT t."id", t."group", t."state"::text AS "state", t."start", t."pid", t."timeout",
-       extract(epoch FROM statement_timestamp() - coalesce(t."start", t."plan")) AS "seconds",
+       -- floored at 0: a row claimed while this statement runs started after its statement_timestamp()
+       greatest(extract(epoch FROM statement_timestamp() - coalesce(t."start", t."plan")), 0) AS "seconds",
        o."orphaned", left(t."input", 80) AS "input"
 FROM {table} t
 CROSS JOIN LATERAL (SELECT {@status.sql:orphaned} AS "orphaned") o

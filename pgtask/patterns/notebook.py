@@ -180,7 +180,8 @@ def show(report: Report) -> None:
 
 class Table:
     """A DataFrame shown for people: every cell written by a formatter of pgtask.readable (counts with
-    thousands separators, durations rounded, timestamps to the second, "never", "no timeout"), text
+    thousands separators, task ids and pids without, durations rounded, timestamps to the second,
+    "never", "no timeout"), text
     columns left-aligned and numbers right-aligned, as HTML in JupyterLab and as text elsewhere."""
 
     def __init__(self, df, formats: dict[str, Callable[[Any], str]] | None = None):
@@ -188,7 +189,7 @@ class Table:
         self.columns = [str(c) for c in df.columns]
         self.numeric = [c in formats and formats[c] not in (str, readable.timestamp) or
                         (c not in formats and df[c].dtype.kind in "iuf") for c in df.columns]
-        fmt = {c: formats.get(c) or (readable.count if df[c].dtype.kind in "iu" else _cell) for c in df.columns}
+        fmt = {c: formats.get(c) or _default_format(str(c), df[c].dtype.kind) for c in df.columns}
         self.rows = [[fmt[c](v) for c, v in zip(df.columns, row)] for row in df.itertuples(index=False)]
 
     def __repr__(self) -> str:
@@ -203,6 +204,12 @@ class Table:
 
         body = "".join(row(r, "td") for r in self.rows) or f'<tr><td colspan="{len(self.columns)}">(none)</td></tr>'
         return f"<table><thead>{row(self.columns, 'th')}</thead><tbody>{body}</tbody></table>"
+
+
+def _default_format(column: str, kind: str) -> Callable[[Any], str]:
+    if readable.identifier_column(column):  # a nullable pid column loads as float
+        return readable.ident
+    return readable.count if kind in "iu" else _cell
 
 
 def _cell(value) -> str:
@@ -225,7 +232,7 @@ def source(conn: psycopg.Connection, schema: str, table: str, include_archive: b
     if not include_archive or row is None:
         return t
     cols = ", ".join(sql.Identifier(c).as_string(conn) for c in
-                     ("id", "group", "state", "plan", "start", "stop", "error", "input"))
+                     ("id", "group", "state", "plan", "active", "start", "stop", "error", "input"))
     a = sql.Identifier(schema, archive).as_string(conn)
     return f"(SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM {a}) AS finished"
 

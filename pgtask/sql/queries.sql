@@ -298,8 +298,10 @@ EXISTS (SELECT FROM pg_stat_activity a
 -- that died takes its sessions with it: the server ends an orphaned session's query within
 -- client_connection_check_interval.) That session began before its task started; where this role
 -- may not see when a session began (another role's: NULL, as its backend_type), it is of the
--- task's role: a backend that took over the pid of a session gone keeps no row alive.
-(left(t."lease"::text, 18) IN (SELECT i."token" FROM {rel_instance} i WHERE {@instance_alive})
+-- task's role: a backend that took over the pid of a session gone keeps no row alive. A row with no
+-- lease (no service claimed it: written by hand) is not alive: true or false, never NULL, so that
+-- NOT alive finds it too.
+(coalesce(left(t."lease"::text, 18) IN (SELECT i."token" FROM {rel_instance} i WHERE {@instance_alive}), false)
  OR (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
         SELECT FROM pg_stat_activity a
         WHERE a.pid = t."pid" AND a.datname = current_database()

@@ -25,7 +25,9 @@ NOT {@queries.sql:alive}
 -- connected and when one last ran a statement; the rows running under a live service and the
 -- orphaned ones; the due backlog -- all of it, and the part whose group has a free slot (a group
 -- runs max + 1 at once: rows queued behind a running one of a serial group are not late) -- and
--- when a task last started.
+-- when a task last started. The ages of other sessions' doings are floored at 0: a service that
+-- runs a statement, connects or starts a task while this statement runs stamps it a little after
+-- this statement's statement_timestamp(), on the same clock.
 WITH svc AS (
     SELECT a.pid, a.backend_start, a.state_change, a.client_addr
     FROM pg_stat_activity a
@@ -45,8 +47,10 @@ WITH svc AS (
 )
 SELECT (SELECT count(*) FROM svc) AS "services",
        (SELECT string_agg(pid::text, ', ' ORDER BY pid) FROM svc) AS "service_pids",
-       (SELECT extract(epoch FROM statement_timestamp() - min(backend_start)) FROM svc) AS "up_seconds",
-       (SELECT extract(epoch FROM statement_timestamp() - max(state_change)) FROM svc) AS "idle_seconds",
+       (SELECT greatest(extract(epoch FROM statement_timestamp() - min(backend_start)), 0) FROM svc)
+           AS "up_seconds",
+       (SELECT greatest(extract(epoch FROM statement_timestamp() - max(state_change)), 0) FROM svc)
+           AS "idle_seconds",
        (SELECT coalesce(sum("n" - "orphaned"), 0) FROM held) AS "running",
        (SELECT coalesce(sum("orphaned"), 0) FROM held) AS "orphaned",
        (SELECT count(*) FROM due) AS "due",
@@ -54,12 +58,13 @@ SELECT (SELECT count(*) FROM svc) AS "services",
        (SELECT count(*) FROM due WHERE "free") AS "due_free",
        (SELECT extract(epoch FROM statement_timestamp() - min("plan")) FROM due WHERE "free")
            AS "oldest_free_due_seconds",
-       (SELECT extract(epoch FROM statement_timestamp() - max("start")) FROM {table}
+       (SELECT greatest(extract(epoch FROM statement_timestamp() - max("start")), 0) FROM {table}
         WHERE "start" IS NOT NULL AND "state" <> 'GONE') AS "last_start_seconds"
 
 -- groups --
--- One row per group, the busiest first: its backlog now (due, the oldest due one's age, planned,
--- running), what finished within the window (since) and in the whole table, its failure rate
+-- One row per group, the busiest first: its backlog now (due, the oldest due one's age, planned),
+-- the rows holding its slots -- running under a live service, and orphaned (their service died:
+-- counted apart, as liveness does) --, what finished within the window (since) and in the whole table, its failure rate
 -- (FAIL, GONE and STOP among the finished in the window), throughput (finished a second over the
 -- window), and the pickup latency (start - plan) of the tasks that started in the window -- rows
 -- that ran only: a GONE row's start is when it expired.
@@ -69,7 +74,8 @@ SELECT "group",
                - min("plan") FILTER (WHERE "state" = 'PLAN' AND "plan" <= statement_timestamp()))
            AS "oldest_due_seconds",
        count(*) FILTER (WHERE "state" = 'PLAN' AND "plan" > statement_timestamp()) AS "planned",
-       count(*) FILTER (WHERE "state" IN ('TAKE', 'WORK')) AS "running",
+       count(*) FILTER (WHERE ({@table.sql:slot_held}) AND NOT ({@orphaned})) AS "running",
+       count(*) FILTER (WHERE ({@table.sql:slot_held}) AND ({@orphaned})) AS "orphaned",
        count(*) FILTER (WHERE "state" = 'DONE' AND "stop" >= statement_timestamp() - %(since)s::interval)
            AS "done_window",
        count(*) FILTER (WHERE "state" = 'FAIL' AND "stop" >= statement_timestamp() - %(since)s::interval)
@@ -89,7 +95,7 @@ SELECT "group",
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM "start" - "plan"))
            FILTER (WHERE "state" <> 'GONE' AND "start" >= statement_timestamp() - %(since)s::interval)
            AS "pickup_p99_seconds"
-FROM {table}
+FROM {table} t
 GROUP BY "group"
 
 -- flow --
@@ -107,9 +113,10 @@ FROM {rel_groups} g
 ORDER BY g."paused" DESC, g."group"
 
 -- longest --
--- The task running longest now (TAKE/WORK), with its group and the start of its input.
+-- The task running longest now (TAKE/WORK), with its group and the start of its input. Its age
+-- is floored at 0 as in liveness: one claimed while this statement runs started after it.
 SELECT "id", "group", "state"::text AS "state", "pid",
-       extract(epoch FROM statement_timestamp() - coalesce("start", "plan")) AS "seconds",
+       greatest(extract(epoch FROM statement_timestamp() - coalesce("start", "plan")), 0) AS "seconds",
        left(regexp_replace("input", '\s+', ' ', 'g'), 60) AS "input"
 FROM {table}
 WHERE "state" IN ('TAKE', 'WORK')

@@ -76,3 +76,47 @@ def test_status_shows_paused_and_rate_limited_groups(db, cluster, service):
     assert lines[at + 1].split() == ["group", "paused", "rate", "burst", "tokens", "capacity", "due", "waiting"]
     assert lines[at + 2].split() == ["held", "PAUSED", "1", "0"], result.stdout
     assert lines[at + 3].split() == ["slow", "2.50/s", "3", "3.0", "100", "0", "0"], result.stdout
+
+
+def group_table(stdout: str) -> dict[str, dict[str, str]]:
+    """The groups table of `pgtask status`, cell by column name (the cells line up with the headers)."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("group "))
+    header, rows = lines[at], []
+    for line in lines[at + 1:]:
+        if not line.startswith("  ") or line.startswith("  …"):
+            break
+        rows.append(line)
+    names = [h for h in ("due", "running", "orphaned", "done") if h in header]
+    ends = {n: header.index(f" {n} ") + len(n) + 1 if f" {n} " in header else len(header) for n in names}
+    return {r.split()[0]: {n: r[:ends[n]].split()[-1] for n in names} for r in rows}
+
+
+@pytest.mark.quick
+def test_orphaned_rows_are_counted_apart_from_running_ones(db, cluster, service_factory):
+    """A task running under a live service is running; a TAKE row no live service claimed is
+    orphaned -- in the group rows as in the verdict, never as running."""
+    service_factory(db.name, "[pgtask]\nreset_check = 3600\n")  # the orphan stays until the test ends
+    live = db.insert("SELECT pg_sleep(60)", group="live")
+    db.wait_state(live, ("WORK",))
+    db.insert("SELECT 1", group="dead", state="TAKE")
+    db.insert("SELECT 1", group="dead", state="TAKE")
+    result = cli(cluster, db, "status")
+    assert "backlog: 0 due, 0 of them with a free group slot; 1 running, 2 orphaned" in result.stdout, result.stdout
+    cells = group_table(result.stdout)
+    assert {g: (c["running"], c["orphaned"]) for g, c in cells.items()} == {
+        "live": ("1", "0"), "dead": ("0", "2"), "(all": ("1", "2")}, result.stdout
+    db.execute("UPDATE task SET state = 'STOP' WHERE id = %s", (live,))
+
+
+@pytest.mark.quick
+def test_ages_are_never_negative_and_ids_paste_into_sql(db, cluster):
+    """A task stamped after the status statement began (its service started it meanwhile: here a
+    start a minute ahead stands for those milliseconds) is 0 s old, not negative; its id prints as
+    a plain integer."""
+    db.execute("INSERT INTO task (id, input, \"group\", state, pid, start) "
+               "VALUES (1234567, 'SELECT 1', 'x', 'WORK', 1, now() + interval '1 minute')")
+    result = cli(cluster, db, "status")
+    assert "last task started: 0 s ago" in result.stdout, result.stdout
+    assert "longest running: task 1234567 (group x, WORK) for 0 s: SELECT 1" in result.stdout, result.stdout
+    assert " -" not in result.stdout.replace(" - ", ""), result.stdout

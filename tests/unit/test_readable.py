@@ -54,3 +54,10 @@ def test_timeouts_and_timestamps():
 def test_a_table_aligns_text_left_and_numbers_right():
     lines = readable.table(["group", "due"], [["a", "1,759"], ["bcd", "3"]], [False, True])
     assert lines == ["group    due", "a      1,759", "bcd        3"]
+
+
+def test_ids_and_pids_are_plain_integers_to_paste_into_sql():
+    assert readable.ident(1234567) == "1234567" and readable.ident(48213.0) == "48213"
+    assert readable.ident(None) == "" and readable.ident(float("nan")) == ""
+    assert [c for c in ("id", "pid", "parent", "example id", "latest_id", "tasks", "idle", "paid")
+            if readable.identifier_column(c)] == ["id", "pid", "parent", "example id", "latest_id"]

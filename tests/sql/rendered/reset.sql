@@ -26,14 +26,16 @@ EXISTS (SELECT FROM pg_stat_activity a
 -- that died takes its sessions with it: the server ends an orphaned session's query within
 -- client_connection_check_interval.) That session began before its task started; where this role
 -- may not see when a session began (another role's: NULL, as its backend_type), it is of the
--- task's role: a backend that took over the pid of a session gone keeps no row alive.
-(left(t."lease"::text, 18) IN (SELECT i."token" FROM "public"."task_instance" i WHERE -- (Part of alive and reset.) Whether the instance i's control backend is connected: its pid, of its
+-- task's role: a backend that took over the pid of a session gone keeps no row alive. A row with no
+-- lease (no service claimed it: written by hand) is not alive: true or false, never NULL, so that
+-- NOT alive finds it too.
+(coalesce(left(t."lease"::text, 18) IN (SELECT i."token" FROM "public"."task_instance" i WHERE -- (Part of alive and reset.) Whether the instance i's control backend is connected: its pid, of its
 -- role, started when it registered (a backend_start another role's session may not see is NULL:
 -- then pid and role). Only the service writes the instance table, and no other role can log in as
 -- the service's: nobody else's session makes an instance look alive.
 EXISTS (SELECT FROM pg_stat_activity a
         WHERE a.pid = i."pid" AND a.usesysid = i."role" AND a.datname = current_database()
-          AND (a.backend_start = i."started" OR a.backend_start IS NULL)))
+          AND (a.backend_start = i."started" OR a.backend_start IS NULL))), false)
  OR (t."state" IN ('WORK', 'STOP') AND t."remote" IS NULL AND EXISTS (
         SELECT FROM pg_stat_activity a
         WHERE a.pid = t."pid" AND a.datname = current_database()
