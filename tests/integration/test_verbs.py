@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 from support import wait_for
-from test_metrics import metrics_config, sample, scrape
+from test_metrics import sample, scrape
 
 from pgtask.cluster import free_port
 
@@ -271,3 +271,64 @@ def test_hostile_arguments_are_refused_or_harmless(noted):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             verb(bob, "delete", ids=huge)
     assert snapshot(db) == before
+
+
+BULK = 100_000
+
+
+def feed(db, stop: threading.Event, log: list) -> None:
+    """Until ``stop``: one task at a time in the other groups, as alice, each waited for; ``log``
+    gets (inserted, finished) monotonic times, finished None if it did not end DONE in 60 s."""
+    with db.connect(AUTHORS[0]) as alice, db.connect() as watch:
+        i = 0
+        while not stop.is_set():
+            inserted = time.monotonic()
+            task_id = alice.execute("SELECT id FROM task_enqueue('SELECT 1', columns => %s)",
+                                    (psycopg.types.json.Jsonb({"group": f"other{i % 4}"}),)).fetchone()[0]
+            try:
+                wait_for(lambda: watch.execute("SELECT state = 'DONE' FROM task WHERE id = %s",
+                                               (task_id,)).fetchone()[0], 60, interval=0.01)
+                log.append((inserted, time.monotonic()))
+            except AssertionError:
+                log.append((inserted, None))
+                return
+            i += 1
+
+
+def test_bulk_retry_in_batches_while_the_service_claims(noted, service_factory):
+    db = noted
+    port = free_port()
+    service_factory(db.name, f'[pgtask]\nmetrics_listen = "127.0.0.1:{port}"\nmetrics_refresh = 5\n')
+    rows(db, AUTHORS[0], "FAIL", BULK, group="bulk", error="ERROR:  bad deploy")
+    db.execute("ANALYZE task")
+    entry = {"data": db.name, "schema": "public", "table": "task"}
+    with db.connect(ADMIN) as dave:
+        verb(dave, "pause", group_name="bulk")  # the retries stay queued: the machine runs the others
+        assert verb(dave, "retry", group_name="bulk", preview=True)["tasks"] == BULK
+        stop, log = threading.Event(), []
+        feeder = threading.Thread(target=feed, args=(db, stop, log))
+        feeder.start()
+        wait_for(lambda: len(log) >= 3, 30, message="the other groups' tasks to run")
+        before, started = scrape(port), time.monotonic()
+        try:
+            done = dave.execute("CALL task_retry_all(group_name => 'bulk', batch => 10000)").fetchone()
+        finally:
+            ended = time.monotonic()
+            after = scrape(port)
+            stop.set()
+            feeder.join(90)
+    assert done == (BULK, 0)
+    assert db.execute("""SELECT count(*), count(DISTINCT n.parent), count(*) FILTER (WHERE o.state = 'FAIL'
+                             AND o."group" = 'bulk' AND o."user" = n."user" AND o.input = n.input)
+                         FROM task n JOIN task o ON o.id = n.parent WHERE n."group" = 'bulk' AND n.state = 'PLAN'""") \
+        == [(BULK, BULK, BULK)]
+    assert db.value("SELECT count(*) FROM task") == 2 * BULK + len(log)
+    assert all(finished is not None for _, finished in log), log
+    during = [finished - inserted for inserted, finished in log if inserted >= started and finished <= ended]
+    assert during, f"no task of the other groups finished during the {ended - started:.1f} s retry"
+    name = "pgtask_claim_pass_seconds"
+    passes = sample(after, f"{name}_count", **entry) - sample(before, f"{name}_count", **entry)
+    spent = sample(after, f"{name}_sum", **entry) - sample(before, f"{name}_sum", **entry)
+    print(f"\nbulk retry of {BULK} tasks: {ended - started:.2f} s; meanwhile {len(during)} tasks of other "
+          f"groups ran, insert to DONE median {statistics.median(during) * 1000:.1f} ms, max "
+          f"{max(during) * 1000:.1f} ms; {passes:.0f} claim passes, mean {spent / max(passes, 1) * 1000:.2f} ms")
