@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
-from support import wait_for
+from support import provision_again, wait_for
 from test_metrics import sample, scrape
 
+from pgtask import names
 from pgtask.cluster import free_port
 
 AUTHORS = ("verb_alice", "verb_bob")
@@ -271,6 +272,31 @@ def test_hostile_arguments_are_refused_or_harmless(noted):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             verb(bob, "delete", ids=huge)
     assert snapshot(db) == before
+
+
+@pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "ü" * 25 + "\"x"),
+                                          ("public", "l" * 63)])  # the longest: names beside it hashed
+def test_hostile_table_names(db, schema, table):
+    """The verbs and the operator role are named beside the table, whatever its characters."""
+    provision_again(db, schema, table)
+    admin, author = names.admin_role(table), names.author_role(table)
+    assert len(admin.encode()) <= 63
+    assert db.execute("SELECT rolcanlogin, rolsuper FROM pg_roles WHERE rolname = %s", (admin,)) == [(False, False)]
+    for login, role in (("verbs_erin", author), ("verbs_frank", admin)):
+        db.role(login, grant=False)
+        db.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(login)))
+    fn = lambda suffix: sql.Identifier(schema, names.function_name(table, suffix))
+    with db.connect("verbs_erin") as erin:
+        [task_id] = erin.execute(sql.SQL("SELECT id FROM {}('SELECT 1', columns => '{{\"plan\": \"infinity\"}}')")
+                                 .format(fn("enqueue"))).fetchone()
+        assert erin.execute(sql.SQL("SELECT tasks, sample FROM {}(ids => %s)").format(fn("cancel")),
+                            ([task_id],)).fetchone() == (1, [task_id])
+    with db.connect("verbs_frank") as frank:
+        assert frank.execute(sql.SQL("SELECT tasks FROM {}(ids => %s)").format(fn("retry")),
+                             ([task_id],)).fetchone() == (1,)
+        frank.execute(sql.SQL("CALL {}(states => ARRAY['STOP'])").format(fn("delete_all")))
+        assert frank.execute(sql.SQL("SELECT changed FROM {}('group')").format(fn("pause"))).fetchone() == (True,)
+    assert provision_again(db, schema, table).actions == []
 
 
 BULK = 100_000
