@@ -4,6 +4,7 @@ a role with neither; hostile arguments; a bulk retry of 100,000 tasks while the 
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import threading
 import time
@@ -15,7 +16,7 @@ from psycopg.rows import dict_row
 from support import provision_again, wait_for
 from test_metrics import sample, scrape
 
-from pgtask import names
+from pgtask import names, provision
 from pgtask.cluster import free_port
 
 AUTHORS = ("verb_alice", "verb_bob")
@@ -297,6 +298,36 @@ def test_hostile_table_names(db, schema, table):
         frank.execute(sql.SQL("CALL {}(states => ARRAY['STOP'])").format(fn("delete_all")))
         assert frank.execute(sql.SQL("SELECT changed FROM {}('group')").format(fn("pause"))).fetchone() == (True,)
     assert provision_again(db, schema, table).actions == []
+
+
+def test_a_retry_keeps_its_author_when_an_ordinary_role_owns_the_table(db):
+    """Provisioned on behalf of a role that is no superuser (an entry's role): the verbs are its, and
+    a retry's copy still runs as the author -- the insert trigger keeps the author for the owner
+    under pgtask.retry only; an author setting pgtask.retry gains nothing."""
+    owner = db.role("verbs_owner", grant=False)
+    db.execute('ALTER ROLE verbs_owner NOSUPERUSER; GRANT CREATE ON DATABASE "%s" TO verbs_owner' % db.name)
+
+    async def go():
+        async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+            await provision.provision_table(conn, "ops", "jobs", provision.Report(), owner=owner)
+            await conn.commit()
+    asyncio.run(go())
+    assert db.value("SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'ops.jobs_retry'::regproc") == owner
+    assert db.value("SELECT pg_has_role('verbs_owner', 'verbs_alice', 'MEMBER')") is False
+    for login, role in ((AUTHORS[0], names.author_role("jobs")), (AUTHORS[1], names.author_role("jobs")),
+                        (ADMIN, names.admin_role("jobs"))):
+        db.role(login, grant=False)
+        db.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(login)))
+    [old] = db.execute("""INSERT INTO ops.jobs ("user", state, input, error, start, stop)
+                          VALUES (%s, 'FAIL', 'SELECT 1', 'e', now(), now()) RETURNING id""", (AUTHORS[0],))[0]
+    with db.connect(ADMIN) as dave:
+        [new] = dave.execute("SELECT new_sample FROM ops.jobs_retry(ids => %s)", ([old],)).fetchone()[0]
+    assert db.execute('SELECT parent, "user" FROM ops.jobs WHERE id = %s', (new,)) == [(old, AUTHORS[0])]
+    with db.connect(AUTHORS[0]) as alice:
+        alice.execute("SET pgtask.retry = on")
+        alice.execute('INSERT INTO ops.jobs ("user", input, plan) VALUES (%s, \'SELECT 1\', \'infinity\')',
+                      (AUTHORS[1],))
+    assert db.execute("""SELECT "user" FROM ops.jobs WHERE id > %s""", (new,)) == [(AUTHORS[0],)]
 
 
 BULK = 100_000
