@@ -158,6 +158,30 @@ def test_author_acts_on_own_rows_only(noted):
     assert db.value("SELECT count(*) FROM task WHERE \"user\" = %s", (AUTHORS[0],)) == 2  # the retries
 
 
+def test_a_stopped_task_still_running_is_neither_retried_nor_deleted(noted):
+    """A STOP row with a pid and no stop holds its group's slot (its query has not ended): the
+    verbs leave it until it has ended. A waiting task (WAIT) is cancelled like a queued one."""
+    db = noted
+    [running] = db.execute("""INSERT INTO task ("user", state, input, pid, start)
+                              VALUES (%s, 'STOP', 'SELECT 1', 1, now()) RETURNING id""", (AUTHORS[0],))[0]
+    [first] = rows(db, AUTHORS[0], "PLAN", 1)
+    with db.connect(AUTHORS[0]) as alice:
+        alice.execute("SELECT task_enqueue('SELECT 2', columns => %s)",
+                      (psycopg.types.json.Jsonb({"after": [first], "group": "w"}),))
+        [waiting] = db.execute("SELECT id FROM task WHERE \"group\" = 'w'")[0]
+        assert db.task(waiting)["state"] == "WAIT"
+        for name in ("retry", "delete"):
+            assert verb(alice, name, ids=[running], preview=True)["tasks"] == 0
+            assert verb(alice, name, ids=[running])["tasks"] == 0
+        assert db.task(running)["state"] == "STOP"
+        db.execute("UPDATE task SET stop = now() WHERE id = %s", (running,))
+        assert verb(alice, "retry", ids=[running], preview=True)["tasks"] == 1
+        assert verb(alice, "cancel", group_name="w") == {
+            "tasks": 1, "remaining": 0, "last_id": waiting, "sample": [waiting], "new_sample": None}
+        assert verb(alice, "delete", ids=[running, waiting])["tasks"] == 2
+    assert db.execute("SELECT id, state::text FROM task ORDER BY id") == [(first, "PLAN")]
+
+
 def test_a_role_with_neither_is_refused_and_nothing_changes(noted):
     db = noted
     plan, fail = rows(db, AUTHORS[0], "PLAN", 2), rows(db, AUTHORS[1], "FAIL", 2, error="e")
