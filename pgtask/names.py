@@ -76,3 +76,10 @@ def table_names(schema: str, table: str) -> dict[str, sql.Composable]:
     for kind, suffix in EXTRA_TABLES.items():
         ids[kind] = sql.Identifier(schema, beside(table, suffix))
     return ids
+
+
+def admin_role(table: str) -> str:
+    """The NOLOGIN operator role provisioning creates for a task table, ``<table>_admin``: granted to
+    a role, it may use the verbs (docs/operations.md) on every task of the table, and pause and
+    resume groups. Like author_role, one per table name in the cluster."""
+    return beside(table, "admin")

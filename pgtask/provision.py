@@ -1,5 +1,6 @@
 """Idempotent provisioning: role, database, schema, enum, table, defaults, constraints, indexes,
-triggers, the objects beside the table and the role its authors are granted; and, on the server,
+triggers, the objects beside the table (the operator verbs among them) and the roles its authors
+and operators are granted; and, on the server,
 placeholders for the manual's settings (ensure_placeholders). Every step checks pg_catalog first and
 only creates or alters what is missing or different; the caller gets the list of what changed
 (``pgtask provision --json``).
@@ -23,6 +24,7 @@ from .names import beside, channel, function_name
 from .provision_beside import BesideTables
 from .provision_context import Report, TableContext, change, look_up, one, rows
 from .provision_grants import Grants
+from .provision_verbs import Verbs
 
 # Column name -> SQL type, in the manual's order, plus attempt/lease for fencing.
 COLUMNS: dict[str, str] = {
@@ -144,6 +146,7 @@ class TableProvisioner:
         await self.triggers(oid)
         ids = beside.ids(oid)
         await beside.objects(ids, oid)
+        await Verbs(self.ctx).objects(ids)
         await grants.authors(ids)
         await grants.beside_grants()
         await beside.register_service()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from .names import EXTRA_TABLES, author_role, beside, function_name
+from .names import EXTRA_TABLES, admin_role, author_role, beside, function_name
 from .provision_context import TableContext, change, look_up
+from .provision_verbs import ADMIN_VERBS, AUTHOR_VERBS
 
 # The privileges a table's authors' role holds: (kind of object, which object, privileges). The
 # tables beside the task table keep a role to its own rows (row-level security, the guards);
@@ -24,6 +25,15 @@ AUTHOR_PRIVILEGES = (
     ("SEQUENCE", "schedule", ("USAGE",)),
     ("FUNCTION", "schedule_next", ("EXECUTE",)),
     ("TABLE", "groups", ("SELECT", "INSERT", "UPDATE", "DELETE")),
+    # the verbs on an author's own tasks (provision_verbs.py)
+    *(("ROUTINE", verb, ("EXECUTE",)) for verb in AUTHOR_VERBS),
+)
+# The privileges of a table's operator role (admin_role): the verbs on every task, pausing groups,
+# and reading the tasks it acts on.
+ADMIN_PRIVILEGES = (
+    ("SCHEMA", "schema", ("USAGE",)),
+    ("TABLE", "table", ("SELECT",)),
+    *(("ROUTINE", verb, ("EXECUTE",)) for verb in ADMIN_VERBS),
 )
 # each kind's object, from its quoted identifier (the server's name of it goes into the GRANT)
 AUTHOR_TARGETS = {
@@ -31,6 +41,7 @@ AUTHOR_TARGETS = {
     "TABLE": "%s::regclass",
     "SEQUENCE": "pg_get_serial_sequence(%s, 'id')::regclass",
     "FUNCTION": "%s::regproc::oid::regprocedure",
+    "ROUTINE": "%s::regproc::oid::regprocedure",  # a function or a procedure
 }
 
 
@@ -75,23 +86,33 @@ class Grants:
             ctx.schema, beside(ctx.table, EXTRA_TABLES['schedule'])), ("USAGE",))
 
     async def authors(self, ids: dict) -> None:
-        """The table's authors' role (author_role): created NOLOGIN when missing, where the
-        provisioning role may create roles (else an administrator's provisioning does), and given
-        what it lacks of AUTHOR_PRIVILEGES. A role name PostgreSQL reserves (pg_...) gets none."""
-        ctx, role = self.ctx, author_role(self.ctx.table)
-        if await ctx.one(look_up("role_exists"), (role,)) is None:
-            if role.startswith("pg_") or not (await ctx.one(look_up("may_create_roles")))[0]:
-                return
-            try:
-                async with ctx.conn.transaction():  # another database's provisioning may create it meanwhile
-                    await ctx.conn.execute(change("create_role", role=sql.Identifier(role)))
-                ctx.report.add(f"created role {role}")
-            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
-                pass
-        for kind, name, privileges in AUTHOR_PRIVILEGES:
-            ident = sql.Identifier(ctx.schema, function_name(ctx.table, name)) if kind == "FUNCTION" \
-                else ids[name]
-            await self.grant_missing(role, kind, ident, privileges)
+        """The table's authors' role (author_role) and its operator role (admin_role): each created
+        NOLOGIN when missing, where the provisioning role may create roles (else an administrator's
+        provisioning does), and given what it lacks of AUTHOR_PRIVILEGES / ADMIN_PRIVILEGES. A role
+        name PostgreSQL reserves (pg_...) gets none."""
+        ctx = self.ctx
+        for role, wanted in ((author_role(ctx.table), AUTHOR_PRIVILEGES), (admin_role(ctx.table), ADMIN_PRIVILEGES)):
+            if not await self.ensure_role(role):
+                continue
+            for kind, name, privileges in wanted:
+                ident = sql.Identifier(ctx.schema, function_name(ctx.table, name)) \
+                    if kind in ("FUNCTION", "ROUTINE") else ids[name]
+                await self.grant_missing(role, kind, ident, privileges)
+
+    async def ensure_role(self, role: str) -> bool:
+        """Create the NOLOGIN ``role`` when missing and allowed to; whether it exists now."""
+        ctx = self.ctx
+        if await ctx.one(look_up("role_exists"), (role,)) is not None:
+            return True
+        if role.startswith("pg_") or not (await ctx.one(look_up("may_create_roles")))[0]:
+            return False
+        try:
+            async with ctx.conn.transaction():  # another database's provisioning may create it meanwhile
+                await ctx.conn.execute(change("create_role", role=sql.Identifier(role)))
+            ctx.report.add(f"created role {role}")
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
+            pass
+        return True
 
     async def grant_missing(self, role: str, kind: str, ident: sql.Composable, privileges: tuple[str, ...]) -> None:
         """Grant ``role`` what it lacks of ``privileges`` on the object ``ident`` of ``kind`` (a key
@@ -99,7 +120,8 @@ class Grants:
         ctx = self.ctx
         oid, target = await ctx.one(look_up("grant_target", target=sql.SQL(AUTHOR_TARGETS[kind])),
                                     (ident.as_string(ctx.conn),))
-        held = look_up("privileges_held", has_privilege=sql.Identifier(f"has_{kind.lower()}_privilege"))
+        checker = "function" if kind == "ROUTINE" else kind.lower()
+        held = look_up("privileges_held", has_privilege=sql.Identifier(f"has_{checker}_privilege"))
         have = set((await ctx.one(held, (list(privileges), role, oid)))[0])
         missing = [p for p in privileges if p not in have]
         if not missing:

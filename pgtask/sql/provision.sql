@@ -31,6 +31,14 @@ ALTER VIEW {object} OWNER TO {owner}
 -- function_owner --
 ALTER FUNCTION {object} OWNER TO {owner}
 
+-- routine_owner --
+-- (A function or a procedure.)
+ALTER ROUTINE {object} OWNER TO {owner}
+
+-- revoke_routine --
+-- A routine only the roles granted it may call (functions and procedures are PUBLIC's by default).
+REVOKE ALL ON ROUTINE {object} FROM PUBLIC
+
 -- add_label --
 ALTER TYPE {state} ADD VALUE {label}
 

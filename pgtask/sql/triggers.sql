@@ -59,7 +59,10 @@ $body$
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
 
 -- insert --
--- "user" is the inserting role, unless that role is a member of the role it names. A row starts
+-- "user" is the inserting role, unless that role is a member of the role it names -- or it is the
+-- table's owner (or a member of it) inserting under pgtask.retry, as the retry function does (it
+-- copies the author of the task it retries; the owner could write any "user" with the triggers
+-- disabled anyway, so the setting, which anyone can set, widens nothing). A row starts
 -- PLAN (or STOP: held back for good) with no backend of its own, unless the service inserts it
 -- (see "update" for who that is): a row inserted as WORK with someone's pid would let the STOP
 -- trigger cancel that backend.
@@ -77,7 +80,11 @@ BEGIN
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
-        NEW."user" := current_user;
+        IF NOT (current_setting('pgtask.retry', true) = 'on' AND NEW."user" IS NOT NULL
+                AND EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
+                AND pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE')) THEN
+            NEW."user" := current_user;
+        END IF;
     END IF;
     {@definition_check}
     NEW."state" := coalesce(NEW."state", 'PLAN');

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from pgtask import names, provision, provision_beside
+from pgtask import names, provision, provision_beside, provision_verbs
 from pgtask.names import ident_name
 
 pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
@@ -99,3 +99,18 @@ def test_a_longer_table_name_is_shortened_with_a_hash_of_it_before_the_kind():
     assert made.endswith("_schedule_due_idx") and len(made.encode()) == 63
     assert made.startswith("a" * 37) and made != names.beside(other, "schedule_due_idx")
     assert made == names.beside(one, "schedule_due_idx")  # the same every time
+
+
+@pytest.mark.parametrize("length", range(1, 64))
+@pytest.mark.parametrize("letter", ["t", "\u00e9"])
+def test_every_verb_beside_a_table_has_a_name_of_its_own(length, letter):
+    """The verbs (provision_verbs) are functions and procedures: their names differ from each other
+    and from every other routine beside the table; the operator role's from the authors'."""
+    table = (letter * length).encode()[:length].decode(errors="ignore") or letter
+    verbs = [names.beside(table, kind) for kind in (*provision_verbs.FUNCTIONS, *provision_verbs.PROCEDURES)]
+    others = {names.beside(table, kind) for kind in (*provision.TRIGGERS, *provision.FUNCTIONS,
+                                                     *provision_beside.EXTRA_FUNCTIONS)}
+    assert len(set(verbs)) == len(verbs) and not others & set(verbs), sorted(verbs)
+    assert names.admin_role(table) != names.author_role(table)
+    assert all(len(name.encode()) <= 63 for name in (*verbs, names.admin_role(table)))
+    assert names.admin_role("task") == "task_admin"
