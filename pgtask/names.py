@@ -46,17 +46,21 @@ def function_name(table: str, kind: str) -> str:
 
 
 # A table name up to this many bytes names the objects beside it <table>_<kind> cut to 63 bytes as
-# PostgreSQL cuts them (those names stay unique); a longer one (provisioning accepts up to 63 bytes)
-# would make two of them one name, so its own part is shortened and a hash of it added instead.
+# PostgreSQL cuts them, as long as the cut keeps KIND_KEPT bytes of the kind: the kinds differ within
+# their first 10 ("schedule_n", "schedule_g", "schedule_d", "schedule_w"), so those names stay unique.
+# A longer table name (provisioning accepts up to 63 bytes), or a cut that would keep less, would make
+# two of them one name, so the table's part is shortened and a hash of it added instead.
 PLAIN_CUT_UP_TO = 53
+KIND_KEPT = 10
 
 
 def beside(table: str, kind: str) -> str:
-    """The name of an object beside ``table``: ``<table>_<kind>``, cut as PostgreSQL would, or for a
-    table name over PLAIN_CUT_UP_TO bytes ``<table, shortened>_<8 hex of its hash>_<kind>``."""
+    """The name of an object beside ``table``: ``<table>_<kind>``, cut as PostgreSQL would (see
+    PLAIN_CUT_UP_TO), or ``<table, shortened>_<8 hex of its hash>_<kind>``."""
     raw = table.encode()
-    if len(raw) <= PLAIN_CUT_UP_TO:
-        return ident_name(f"{table}_{kind}")
+    plain = f"{table}_{kind}"
+    if len(raw) <= PLAIN_CUT_UP_TO and (len(plain.encode()) <= 63 or 63 - len(raw) - 1 >= KIND_KEPT):
+        return ident_name(plain)
     tail = f"_{hashlib.sha256(raw).hexdigest()[:8]}_{kind}"
     return ident_name(raw[:63 - len(tail.encode())].decode(errors="ignore") + tail)
 

@@ -13,7 +13,7 @@ from support import provision_again, race
 from test_retention import NOW, finish, run
 from test_schedules import T0, materialise, sched
 
-from pgtask import names
+from pgtask import names, provision_beside
 from pgtask.maintenance import Retention
 
 ROLE = names.author_role("task")
@@ -46,10 +46,14 @@ def test_provisioning_creates_the_authors_role(db):
 
 
 @pytest.mark.parametrize("schema,table", [("it's a schema", "my table;"), ("ünï", "ü" * 25 + "\"x"),
+                                          ("public", "l" * 53),  # cut names that would merge: hashed
                                           ("public", "l" * 63)])  # the longest: names beside it hashed
 def test_hostile_names(db, schema, table):
     """The role is named after the table, whatever its characters; an author uses it there."""
     provision_again(db, schema, table)
+    routines = {names.function_name(table, kind) for kind in provision_beside.EXTRA_FUNCTIONS}
+    assert db.value("SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace AND proname = ANY(%s)",
+                    (sql.Identifier(schema).as_string(None), list(routines))) == len(provision_beside.EXTRA_FUNCTIONS)
     role = names.author_role(table)
     assert len(role.encode()) <= 63 and db.value("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)) == 1
     name = author(db, "authors_carol", role)

@@ -86,11 +86,33 @@ def test_every_relation_beside_a_table_has_a_name_of_its_own(length, letter):
     assert all(len(name.encode()) <= 63 for name in made)
 
 
-def test_a_table_name_of_up_to_53_bytes_names_its_objects_as_postgresql_cuts_them():
+def test_a_table_name_of_up_to_52_bytes_names_its_objects_as_postgresql_cuts_them():
     """The names tables provisioned before keep: <table>_<kind>, cut to 63 bytes."""
-    table = "t" * 53
+    table = "t" * 52
     assert names.beside(table, "schedule_due_idx") == (table + "_schedule_due_idx")[:63]
     assert names.beside("task", "schedule") == "task_schedule"
+
+
+def test_a_53_byte_table_name_keeps_the_names_that_fit_and_hashes_the_ones_a_cut_would_merge():
+    """Cut to 63 bytes, "schedule_next", "schedule_guard", ... of a 53-byte table would all be
+    <table>_schedule_: one function for four."""
+    table = "t" * 53
+    assert names.beside(table, "schedule") == table + "_schedule"  # 62 bytes: as before
+    made = {names.beside(table, kind) for kind in ("schedule_next", "schedule_guard", "schedule_wake",
+                                                    "schedule_delete_guard")}
+    assert len(made) == 4 and all(len(n.encode()) == 63 and "_schedule_" in n for n in made), made
+
+
+@pytest.mark.parametrize("length", range(1, 64))
+@pytest.mark.parametrize("letter", ["t", "\u00e9"])
+def test_every_routine_beside_a_table_has_a_name_of_its_own(length, letter):
+    """Functions and procedures share a namespace per schema: the trigger functions, the helper
+    functions and the verbs beside one table never share a name."""
+    table = (letter * length).encode()[:length].decode(errors="ignore") or letter
+    kinds = (*provision.TRIGGERS, *provision.FUNCTIONS, *provision_beside.EXTRA_FUNCTIONS,
+             *provision_verbs.FUNCTIONS, *provision_verbs.PROCEDURES)
+    made = [names.beside(table, kind) for kind in kinds]
+    assert len(set(made)) == len(made), sorted(made)
 
 
 def test_a_longer_table_name_is_shortened_with_a_hash_of_it_before_the_kind():
