@@ -59,7 +59,10 @@ $body$
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
 
 -- insert --
--- "user" is the inserting role, unless that role is a member of the role it names. A row starts
+-- "user" is the inserting role, unless that role is a member of the role it names -- or the row is
+-- the retry of an attempt of that role, inserted by its group's policy (retry_policy in
+-- schedule.sql: it runs as the table's owner, a service role, and names the attempt in
+-- pgtask.retry; no other role's insert passes is_service, whatever it sets). A row starts
 -- PLAN (or STOP: held back for good) with no backend of its own, unless the service inserts it
 -- (see "update" for who that is): a row inserted as WORK with someone's pid would let the STOP
 -- trigger cancel that backend.
@@ -77,7 +80,18 @@ BEGIN
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
-        NEW."user" := current_user;
+        -- the task table is read only for the service (in IFs of their own: the planner may
+        -- evaluate a subquery first), other roles need not have SELECT on it
+        IF coalesce(current_setting('pgtask.retry', true) = NEW."parent"::text, false)
+           AND {is_service}(current_user) THEN
+            IF NOT EXISTS (SELECT FROM {table} p JOIN pg_roles r ON r.rolname = p."user"
+                           WHERE p."id" = NEW."parent" AND p."user" = NEW."user"
+                             AND p."state"::text IN ('FAIL', 'GONE')) THEN
+                NEW."user" := current_user;
+            END IF;
+        ELSE
+            NEW."user" := current_user;
+        END IF;
     END IF;
     {@definition_check}
     NEW."state" := coalesce(NEW."state", 'PLAN');
@@ -141,7 +155,7 @@ $body$
 
 -- update --
 -- The state machine and the column guards, in one place:
---   "user", "group", "remote", "parent" never change;
+--   "user", "group", "remote", "parent", "retried" never change;
 --   the task's definition (input, plan, timing, formatting, data) changes only while PLAN or WAIT, and only
 --   by a member of the task's role -- or by the running task itself (the manual's retry pattern
 --   sets its own repeat to 0): its own session (the row's pid) with pg_task.id naming it, acting
@@ -163,9 +177,9 @@ BEGIN
     IF NEW."user" IS DISTINCT FROM OLD."user" THEN
         RAISE EXCEPTION 'column "user" of task % is immutable', OLD.id USING ERRCODE = 'check_violation';
     END IF;
-    IF (NEW."group", NEW."remote", NEW."parent", NEW."id", NEW."after")
-       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id", OLD."after") THEN
-        RAISE EXCEPTION 'columns "id", "group", "remote", "parent" and "after" of task % are immutable', OLD.id
+    IF (NEW."group", NEW."remote", NEW."parent", NEW."id", NEW."after", NEW."retried")
+       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id", OLD."after", OLD."retried") THEN
+        RAISE EXCEPTION 'columns "id", "group", "remote", "parent", "after" and "retried" of task % are immutable', OLD.id
             USING ERRCODE = 'check_violation',
                   HINT = 'Insert a new task instead.';
     END IF;
