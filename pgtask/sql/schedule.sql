@@ -315,8 +315,7 @@ BEGIN
     secs := secs * (1 - p."retry_jitter" * random());
     SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols FROM pg_attribute a
     WHERE a.attrelid = TG_RELID AND a.attnum > 0 AND NOT a.attisdropped
-      AND a.attname NOT IN ('id', 'plan', 'parent', 'start', 'stop', 'pid', 'state', 'error', 'output',
-                            'attempt', 'lease', 'after', 'wait', 'waited', 'retried');
+      AND a.attname NOT IN ({@queries.sql:not_copied});
     BEGIN
         PERFORM set_config('pgtask.retry', NEW."id"::text, true);
         EXECUTE format('INSERT INTO %1$s ("parent", "plan", "retried", %2$s) '
