@@ -134,13 +134,14 @@ def test_gone_is_retried_only_when_the_policy_names_it(db, service):
     expired = {g: db.value("INSERT INTO task (input, \"group\", plan, active) VALUES "
                            "('SELECT 1', %s, now() - interval '1 hour', '10 minutes') RETURNING id", (g,))
                for g in ("gone", "fail")}
-    dependency = db.insert(FAILING, group="plain")
+    dependency = db.insert(FAILING, group="plain", plan=db.value("SELECT now() + interval '2 seconds'"))
     waiter = db.insert("SELECT 1", group="gone", after=[dependency])
+    assert db.task(waiter)["state"] == "WAIT"
     rows = ended_chain(db, expired["gone"], 2)
     assert [(r["state"], r["retried"]) for r in rows] == [("GONE", None), ("DONE", 1)]
     assert spacing(*rows) == timedelta(seconds=1)
-    for task_id in (expired["fail"], waiter):
-        assert db.wait_state(task_id)["state"] == "GONE"
+    assert db.wait_state(expired["fail"])["state"] == "GONE"
+    assert (db.wait_state(waiter)["state"], db.task(waiter)["error"]) == ("GONE", f"dependency {dependency} ended FAIL")
     assert db.wait_state(dependency)["state"] == "FAIL"
     assert db.value("SELECT count(*) FROM task WHERE parent = ANY(%s)",
                     ([expired["fail"], waiter, dependency],)) == 0
