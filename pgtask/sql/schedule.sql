@@ -301,7 +301,11 @@ BEGIN
     SELECT g."retry_attempts", g."retry_backoff", g."retry_delay", g."retry_delay_max", g."retry_jitter",
            g."retry_on" INTO p
     FROM {groups} g WHERE g."group" = NEW."group" AND g."retry_attempts" IS NOT NULL;
-    IF NOT FOUND OR n >= p."retry_attempts" OR NOT (NEW."state"::text = ANY (p."retry_on"))
+    -- a group without a policy stops here: the one read above is all its failures cost
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF n >= p."retry_attempts" OR NOT (NEW."state"::text = ANY (p."retry_on"))
        OR (NEW."state"::text = 'GONE' AND OLD."state"::text <> 'PLAN')
        OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = NEW."user") THEN
         RETURN NULL;
