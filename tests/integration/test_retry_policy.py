@@ -53,6 +53,7 @@ def spacing(parent: dict, child: dict) -> timedelta:
     return child["plan"] - parent["stop"]
 
 
+@pytest.mark.quick
 def test_attempts_exhausted_leave_one_row_per_attempt(db, service):
     policy(db, attempts=3, backoff="fixed", delay="1 second")
     first = db.insert(FAILING, group="r")
