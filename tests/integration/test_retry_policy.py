@@ -260,3 +260,16 @@ def test_a_task_table_of_an_earlier_version_gets_the_retry_count(db):
     failed = db.insert(FAILING, group="r")
     db.run_scheduler(finished=2)
     assert [(r["state"], r["retried"]) for r in chain(db, failed)] == [("FAIL", None), ("FAIL", 1)]
+
+
+def test_a_retry_that_cannot_be_inserted_leaves_the_failure_written(db, service):
+    """A constraint of the user's own column refuses the copy: the attempt still ends FAIL with its
+    error, without a child, and the group runs on."""
+    db.execute("ALTER TABLE task ADD COLUMN ticket integer UNIQUE")
+    policy(db, attempts=3, backoff="fixed", delay="0 sec")
+    failed = db.insert(FAILING, group="r", ticket=7)
+    row = db.wait_state(failed)
+    assert (row["state"], row["error"].startswith("ERROR:  division by zero")) == ("FAIL", True), row
+    after = db.insert("SELECT 2", group="r", delete=False)
+    assert db.wait_state(after)["state"] == "DONE"
+    assert db.value("SELECT count(*) FROM task WHERE parent = %s", (failed,)) == 0
