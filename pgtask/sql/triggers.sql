@@ -80,8 +80,8 @@ BEGIN
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
-        -- the task table is read only for the service (in IFs of their own: the planner may
-        -- evaluate a subquery first), other roles need not have SELECT on it
+        -- the task table is read only for the service, in an IF of its own: a subquery's privileges
+        -- are checked when its expression starts, and other roles need not have SELECT on it
         IF coalesce(current_setting('pgtask.retry', true) = NEW."parent"::text, false)
            AND {is_service}(current_user) THEN
             IF NOT EXISTS (SELECT FROM {table} p JOIN pg_roles r ON r.rolname = p."user"
