@@ -18,6 +18,9 @@ are released, a rate limit shared by two service instances, and a resume.
 6. What flow control costs a claim while no group is paused or rate-limited: the claim statement
    under flow control ("claim") against the one a pass uses then ("claim_plain"), on an empty
    queue (an idle pass) and on 16 groups x 2,000 due (16 claimed, rolled back), alternating rounds.
+7. What a group's retry policy costs the finishes of groups without one: as 5, for the retry policy's
+   trigger, 16 rows set DONE (its WHEN clause: no call) and 16 set FAIL (a call, and a read of the
+   group table that finds no policy).
 
 Prints numbers; asserts nothing. PostgreSQL 15 (Debian's), bench.run's cluster settings.
 """
@@ -164,18 +167,20 @@ def pause(bench: Bench, seconds: float, times: int = 5) -> None:
         conn.close()
 
 
-def finish_cost(bench: Bench, rounds: int = 6, reps: int = 200) -> None:
+def finish_cost(bench: Bench, trigger: str = "task_release", state: str = "DONE", label: str = "5.",
+                rounds: int = 6, reps: int = 200) -> None:
     conn = bench.connect(bench.database())
     due_groups(conn)
     ids = [r[0] for r in conn.execute("""UPDATE task SET state = 'TAKE', attempt = 1, lease = gen_random_uuid()
                                          WHERE id IN (SELECT id FROM task ORDER BY id LIMIT 16) RETURNING id""")]
     conn.execute("VACUUM ANALYZE task")
-    finish = f"""UPDATE task SET state = 'DONE', stop = statement_timestamp()
+    error = "'ERROR:  division by zero'" if state == "FAIL" else "NULL"
+    finish = f"""UPDATE task SET state = '{state}', stop = statement_timestamp(), error = {error}
                  WHERE id = ANY('{{{','.join(map(str, ids))}}}'::bigint[])"""
     timed: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
         for enabled in ((True, False) if r % 2 == 0 else (False, True)):
-            conn.execute(f"ALTER TABLE task {'ENABLE' if enabled else 'DISABLE'} TRIGGER task_release")
+            conn.execute(f"ALTER TABLE task {'ENABLE' if enabled else 'DISABLE'} TRIGGER {trigger}")
             for _ in range(reps):
                 conn.execute("BEGIN")
                 t0 = time.perf_counter()
@@ -183,7 +188,7 @@ def finish_cost(bench: Bench, rounds: int = 6, reps: int = 200) -> None:
                 timed[enabled].append((time.perf_counter() - t0) * 1000)
                 conn.execute("ROLLBACK")
     on, off = statistics.median(timed[True]), statistics.median(timed[False])
-    print(f"5. 16 finishes in one statement: {off:.3f} ms without the release trigger, {on:.3f} ms with it "
+    print(f"{label} 16 finishes ({state}) in one statement: {off:.3f} ms without {trigger}, {on:.3f} ms with it "
           f"(+{(on - off) / 16 * 1000:.0f} us a finish)")
     conn.close()
 
@@ -218,7 +223,7 @@ def main() -> None:
     ap.add_argument("--waiting", type=int, default=100_000)
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--only", default="123456", help="which measurements (digits)")
+    ap.add_argument("--only", default="1234567", help="which measurements (digits)")
     args = ap.parse_args()
     bench = Bench(1.0, 1)
     bench.start()
@@ -235,6 +240,9 @@ def main() -> None:
             finish_cost(bench)
         if "6" in args.only:
             plain_cost(bench)
+        if "7" in args.only:
+            for state in ("DONE", "FAIL"):
+                finish_cost(bench, "task_retry_policy", state, "7.")
     finally:
         bench.close()
 

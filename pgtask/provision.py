@@ -35,10 +35,10 @@ COLUMNS: dict[str, str] = {
     "string": "boolean", "delimiter": '"char"', "escape": '"char"', "quote": '"char"', "data": "text",
     "error": "text", "group": "text", "input": "text", "null": "text", "output": "text",
     "remote": "text", "user": "name", "attempt": "integer", "lease": "uuid", "after": "bigint[]",
-    "wait": "integer", "waited": "boolean",
+    "wait": "integer", "waited": "boolean", "retried": "integer",
 }
 NULLABLE = {"parent", "start", "stop", "pid", "data", "error", "output", "remote", "lease", "after", "wait",
-            "waited"}
+            "waited", "retried"}
 
 
 def _setting(name: str, default: str, cast: str) -> str:
@@ -76,6 +76,7 @@ CHECKS: dict[str, str] = {
     "timeout": '"timeout" >= \'0 sec\'::interval',
     "count": '"count" >= 0',
     "attempt": '"attempt" >= 0',
+    "retried": '"retried" > 0',
 }
 COMMENTS: dict[str, str] = {
     "id": "Primary key", "parent": "Parent task id (if exists, like foreign key to id, but without constraint, for performance)",
@@ -100,6 +101,7 @@ COMMENTS: dict[str, str] = {
     "after": "Ids of the tasks that must end DONE before this one runs; immutable",
     "wait": "How many of the tasks in after have not ended yet, while WAIT",
     "waited": "Whether a task waits for this one (its end releases or cascades to them)",
+    "retried": "Which retry of its task this row is, by its group's retry policy (NULL: its first run); immutable",
 }
 # trigger name suffix -> the query names in triggers.sql
 TRIGGERS = ("wake_up", "settings", "insert", "update", "stop", "wait", "release", "dropped")

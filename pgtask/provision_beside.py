@@ -20,7 +20,8 @@ EXTRA_INDEXES = {"schedule_due_idx": ("schedule", "index_schedule_due"),
 OBSOLETE_INDEXES = ("live_group_idx", "running_idx")
 # function name suffix -> (query in schedule.sql, the table its trigger is on or None)
 EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettable", None),
-                   "capacity": ("capacity", "table"), "enqueue": ("enqueue", None),
+                   "capacity": ("capacity", "table"), "retry_policy": ("retry_policy", "table"),
+                   "enqueue": ("enqueue", None),
                    "schedule_next": ("schedule_next", None),
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
@@ -52,6 +53,7 @@ class BesideTables:
 
         await self.tables(ids, q)
         await self.groups_flow(q)
+        await self.groups_retry(q)
         await self.indexes(oid, q)
         for suffix, (query_name, trigger_on) in EXTRA_FUNCTIONS.items():
             await self.function(suffix, query_name, trigger_on, q)
@@ -124,6 +126,15 @@ class BesideTables:
                          (sql.Identifier(ctx.schema, rel).as_string(ctx.conn),)) is None:
             await ctx.conn.execute(q("groups_flow"))
             ctx.report.add(f"added paused, rate and burst to {ctx.schema}.{rel}")
+
+    async def groups_retry(self, q) -> None:
+        """A group table without retry policies gets their columns (groups_retry)."""
+        ctx = self.ctx
+        rel = extra_table(ctx.table, "groups")
+        if await ctx.one(look_up("column_exists", column=sql.Literal("retry_attempts")),
+                         (sql.Identifier(ctx.schema, rel).as_string(ctx.conn),)) is None:
+            await ctx.conn.execute(q("groups_retry"))
+            ctx.report.add(f"added the retry policy's columns to {ctx.schema}.{rel}")
 
     async def keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older

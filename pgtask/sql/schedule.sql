@@ -121,8 +121,12 @@ CREATE INDEX {index} ON {keys} USING btree ("expires")
 -- no limit; a group without a row here is unlimited and its inserts take no lock). "paused": its
 -- tasks are not claimed (running ones finish). "rate": tasks started per second (NULL: no limit),
 -- with bursts of up to "burst": a token bucket the claim keeps in "tokens" and "refilled" (see
--- "claim" in queries.sql). Values that would break the arithmetic (NaN, infinity, negative,
--- zero) are refused by the checks, naming the column.
+-- "claim" in queries.sql). The retry policy (NULL "retry_attempts": none; see "retry_policy"):
+-- a task that ends in a state of "retry_on" runs again as a new row until it ran "retry_attempts"
+-- times in all, after "retry_delay" ("fixed"), or "retry_delay" * 2^(n - 1) before its n-th retry
+-- ("exponential"), at most "retry_delay_max", shortened by a random fraction of at most
+-- "retry_jitter". Values that would break the arithmetic (NaN, infinity, negative, zero, an
+-- unknown backoff or state) are refused by the checks, naming the column.
 CREATE TABLE {groups} (
     "group" text PRIMARY KEY,
     "capacity" integer CHECK ("capacity" >= 0),
@@ -130,7 +134,13 @@ CREATE TABLE {groups} (
     "rate" numeric CHECK ("rate" >= 0.000001 AND "rate" <= 1000000),
     "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
     "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
-    "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))
+    "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled")),
+    "retry_attempts" integer CHECK ("retry_attempts" BETWEEN 1 AND 1000000),
+    "retry_backoff" text NOT NULL DEFAULT 'exponential' CHECK ("retry_backoff" IN ('fixed', 'exponential')),
+    "retry_delay" interval NOT NULL DEFAULT '1 min' CHECK ("retry_delay" >= '0 sec' AND "retry_delay" <= '100 years'),
+    "retry_delay_max" interval CHECK ("retry_delay_max" >= '0 sec' AND "retry_delay_max" <= '100 years'),
+    "retry_jitter" float8 NOT NULL DEFAULT 0 CHECK ("retry_jitter" >= 0 AND "retry_jitter" <= 1),
+    "retry_on" text[] NOT NULL DEFAULT '{{FAIL}}' CHECK ("retry_on" <@ ARRAY['FAIL', 'GONE'] AND array_ndims("retry_on") = 1)
 )
 
 -- groups_flow --
@@ -141,6 +151,15 @@ ALTER TABLE {groups} ALTER COLUMN "capacity" DROP NOT NULL,
     ADD COLUMN "burst" integer NOT NULL DEFAULT 1 CHECK ("burst" BETWEEN 1 AND 1000000),
     ADD COLUMN "tokens" float8 NOT NULL DEFAULT 1 CHECK ("tokens" >= 0 AND "tokens" <= 1000000),
     ADD COLUMN "refilled" timestamptz NOT NULL DEFAULT statement_timestamp() CHECK (isfinite("refilled"))
+
+-- groups_retry --
+-- A group table of a version without retry policies: their columns, as in create_groups.
+ALTER TABLE {groups} ADD COLUMN "retry_attempts" integer CHECK ("retry_attempts" BETWEEN 1 AND 1000000),
+    ADD COLUMN "retry_backoff" text NOT NULL DEFAULT 'exponential' CHECK ("retry_backoff" IN ('fixed', 'exponential')),
+    ADD COLUMN "retry_delay" interval NOT NULL DEFAULT '1 min' CHECK ("retry_delay" >= '0 sec' AND "retry_delay" <= '100 years'),
+    ADD COLUMN "retry_delay_max" interval CHECK ("retry_delay_max" >= '0 sec' AND "retry_delay_max" <= '100 years'),
+    ADD COLUMN "retry_jitter" float8 NOT NULL DEFAULT 0 CHECK ("retry_jitter" >= 0 AND "retry_jitter" <= 1),
+    ADD COLUMN "retry_on" text[] NOT NULL DEFAULT '{{FAIL}}' CHECK ("retry_on" <@ ARRAY['FAIL', 'GONE'] AND array_ndims("retry_on") = 1)
 
 -- comment_groups --
 COMMENT ON TABLE {groups} IS 'Flow control of a group: capacity (PLAN + WAIT + TAKE + WORK rows), pause, rate (pgtask)'
@@ -177,7 +196,8 @@ $body$
 CREATE OR REPLACE FUNCTION {fn}(columns jsonb) RETURNS text LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $body$
     SELECT string_agg(k, ', ') FROM jsonb_object_keys($1) k
-    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait', 'waited')
+    WHERE k IN ('id', 'state', 'attempt', 'lease', 'start', 'stop', 'pid', 'output', 'error', 'wait', 'waited',
+                'retried')
        OR NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = {regclass}::regclass
                       AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
 $body$
@@ -219,6 +239,12 @@ BEGIN
                AND p."state" IN ('DONE', 'FAIL') AND p."repeat" > '0 sec') THEN
         RETURN NEW;
     END IF;
+    -- a retry of a task (retry_policy, in the service's transaction) replaces its attempt, as a repeat does
+    IF NEW."parent" IS NOT NULL AND current_setting('pgtask.retry', true) = NEW."parent"::text
+       AND (current_setting('is_superuser') = 'on'
+            OR (current_setting('role') = 'none' AND {is_service}(session_user))) THEN
+        RETURN NEW;
+    END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         UPDATE {groups} g SET "capacity" = g."capacity" WHERE g."group" = NEW."group";
     END IF;
@@ -251,6 +277,69 @@ $body$
 
 -- capacity_trigger --
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
+-- retry_policy --
+-- AFTER a task ends FAIL, or GONE from PLAN (it expired; one whose dependency failed is not), in a
+-- group whose retry policy (see create_groups) names that state: while it ran fewer than
+-- "retry_attempts" times, its next attempt is a new row -- parent = this one, so every attempt's
+-- error stays readable; "retried" one more; plan = its stop + the delay; the other columns copied
+-- as a repeat copies them (see "columns" in queries.sql) -- that runs as the same author: "insert"
+-- in triggers.sql keeps its "user" for this insert alone (pgtask.retry names its parent), whoever
+-- wrote the end (the service, which need not be a member of the author's role). The policy is
+-- read now: a change applies to the next attempt. A repeating task is not retried (its next
+-- occurrence is: see the trigger). A retry that cannot be inserted (a user's constraint on a
+-- column of theirs) is a warning, never the finish's failure. It wakes the service itself: the
+-- service's own writes send no notification (see wake_up in triggers.sql).
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $body$
+DECLARE
+    p record;
+    n bigint := greatest(coalesce(NEW."retried", 0), 0)::bigint + 1;  -- the runs so far, this one's included
+    secs float8;
+    cols text;
+BEGIN
+    SELECT g."retry_attempts", g."retry_backoff", g."retry_delay", g."retry_delay_max", g."retry_jitter",
+           g."retry_on" INTO p
+    FROM {groups} g WHERE g."group" = NEW."group" AND g."retry_attempts" IS NOT NULL;
+    -- a group without a policy stops here: the one read above is all its failures cost
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF n >= p."retry_attempts" OR NOT (NEW."state"::text = ANY (p."retry_on"))
+       OR (NEW."state"::text = 'GONE' AND OLD."state"::text <> 'PLAN')
+       OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = NEW."user") THEN
+        RETURN NULL;
+    END IF;
+    -- in seconds: a delay doubled many times would overflow an interval (the cap is 100 years at most)
+    secs := extract(epoch FROM p."retry_delay")::float8;
+    IF p."retry_backoff" = 'exponential' THEN
+        secs := secs * power(2::float8, least(n - 1, 64)::float8);
+    END IF;
+    secs := least(secs, extract(epoch FROM coalesce(p."retry_delay_max", interval '100 years'))::float8);
+    secs := secs * (1 - p."retry_jitter" * random());
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols FROM pg_attribute a
+    WHERE a.attrelid = TG_RELID AND a.attnum > 0 AND NOT a.attisdropped
+      AND a.attname NOT IN ({@queries.sql:not_copied});
+    BEGIN
+        PERFORM set_config('pgtask.retry', NEW."id"::text, true);
+        EXECUTE format('INSERT INTO %1$s ("parent", "plan", "retried", %2$s) '
+                       'SELECT t."id", $2, $3, %2$s FROM %1$s t WHERE t."id" = $1', TG_RELID::regclass, cols)
+            USING NEW."id", coalesce(NEW."stop", statement_timestamp()) + make_interval(secs => secs), n;
+        PERFORM set_config('pgtask.retry', '', true);
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'task % of group % was not retried: %', NEW."id", NEW."group", SQLERRM;
+        RETURN NULL;
+    END;
+    PERFORM pg_notify({channel}, 'wake');
+    RETURN NULL;
+END
+$body$
+
+-- retry_policy_trigger --
+-- Only an end that can be retried calls it: a DONE row, a finish's usual end, pays its WHEN alone.
+CREATE TRIGGER {trigger} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
+WHEN (NEW."state" IN ('FAIL', 'GONE') AND OLD."state" IS DISTINCT FROM NEW."state" AND NEW."repeat" = '0 sec')
+EXECUTE FUNCTION {fn}()
 
 -- enqueue --
 -- enqueue(input, key, columns, ttl) -> (id, created): insert a task, optionally under an

@@ -43,7 +43,8 @@ CREATE TABLE {table} (
     "lease" uuid,
     "after" bigint[],
     "wait" integer,
-    "waited" boolean
+    "waited" boolean,
+    "retried" integer
 )
 
 -- index_plan --

@@ -59,10 +59,12 @@ $body$
 CREATE TRIGGER {trigger} BEFORE INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {fn}()
 
 -- insert --
--- "user" is the inserting role, unless that role is a member of the role it names -- or it is the
--- table's owner (or a member of it) inserting under pgtask.retry, as the retry function does (it
--- copies the author of the task it retries; the owner could write any "user" with the triggers
--- disabled anyway, so the setting, which anyone can set, widens nothing). A row starts
+-- "user" is the inserting role, unless that role is a member of the role it names -- or the row is
+-- a retry: a copy of an ended attempt (FAIL, GONE or STOP) of that role, named by its "parent",
+-- inserted by a service role (is_service: the table's owner, as the group's retry policy and the
+-- retry verb run, see retry_policy in schedule.sql and retry in verbs.sql) under pgtask.retry.
+-- Anyone may set pgtask.retry; no other role's insert passes is_service, and no row but such a
+-- copy keeps a foreign author. A row starts
 -- PLAN (or STOP: held back for good) with no backend of its own, unless the service inserts it
 -- (see "update" for who that is): a row inserted as WORK with someone's pid would let the STOP
 -- trigger cancel that backend.
@@ -80,9 +82,15 @@ BEGIN
     IF NEW."user" IS NULL
        OR NOT EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
        OR NOT pg_has_role(current_user, NEW."user", 'MEMBER') THEN
-        IF NOT (current_setting('pgtask.retry', true) = 'on' AND NEW."user" IS NOT NULL
-                AND EXISTS (SELECT FROM pg_roles WHERE rolname = NEW."user")
-                AND pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE')) THEN
+        -- the task table is read only for the service, in an IF of its own: a subquery's privileges
+        -- are checked when its expression starts, and other roles need not have SELECT on it
+        IF coalesce(current_setting('pgtask.retry', true), '') <> '' AND {is_service}(current_user) THEN
+            IF NOT EXISTS (SELECT FROM {table} p JOIN pg_roles r ON r.rolname = p."user"
+                           WHERE p."id" = NEW."parent" AND p."user" = NEW."user"
+                             AND p."state"::text IN ('FAIL', 'GONE', 'STOP')) THEN
+                NEW."user" := current_user;
+            END IF;
+        ELSE
             NEW."user" := current_user;
         END IF;
     END IF;
@@ -148,7 +156,7 @@ $body$
 
 -- update --
 -- The state machine and the column guards, in one place:
---   "user", "group", "remote", "parent" never change;
+--   "user", "group", "remote", "parent", "retried" never change;
 --   the task's definition (input, plan, timing, formatting, data) changes only while PLAN or WAIT, and only
 --   by a member of the task's role -- or by the running task itself (the manual's retry pattern
 --   sets its own repeat to 0): its own session (the row's pid) with pg_task.id naming it, acting
@@ -170,9 +178,9 @@ BEGIN
     IF NEW."user" IS DISTINCT FROM OLD."user" THEN
         RAISE EXCEPTION 'column "user" of task % is immutable', OLD.id USING ERRCODE = 'check_violation';
     END IF;
-    IF (NEW."group", NEW."remote", NEW."parent", NEW."id", NEW."after")
-       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id", OLD."after") THEN
-        RAISE EXCEPTION 'columns "id", "group", "remote", "parent" and "after" of task % are immutable', OLD.id
+    IF (NEW."group", NEW."remote", NEW."parent", NEW."id", NEW."after", NEW."retried")
+       IS DISTINCT FROM (OLD."group", OLD."remote", OLD."parent", OLD."id", OLD."after", OLD."retried") THEN
+        RAISE EXCEPTION 'columns "id", "group", "remote", "parent", "after" and "retried" of task % are immutable', OLD.id
             USING ERRCODE = 'check_violation',
                   HINT = 'Insert a new task instead.';
     END IF;

@@ -116,8 +116,9 @@ true
 -- old one: a copy of its definition (input, timing, formatting, data, user-added columns, "user":
 -- it runs as its author) planned now; the old row, its error and output stay. The copy runs once
 -- (repeat 0: a repeating task's series goes on from its own next row) and waits for nothing. A
--- task whose role is gone is not retried (no one to run it as). At most batch tasks a call, in id
--- order, locked against a concurrent retry or delete of the same row; last_id is the cursor of the
+-- task whose role is gone is not retried (no one to run it as). "retried" is not copied: the copy
+-- starts a new chain of its group's retry policy (an operator's retry after a fix gets every
+-- attempt). At most batch tasks a call, in id order, locked against a concurrent retry or delete of the same row; last_id is the cursor of the
 -- next call (from_id). new_sample: the new ids of the first 10, beside them in sample.
 -- The insert trigger keeps "user" for the table owner's insert under pgtask.retry (see "insert" in
 -- triggers.sql); the copy is checked to have kept it.
@@ -143,7 +144,7 @@ BEGIN
     FROM pg_attribute a
     WHERE a.attrelid = {regclass}::regclass AND a.attnum > 0 AND NOT a.attisdropped
       AND a.attname NOT IN ('id', 'plan', 'parent', 'repeat', 'start', 'stop', 'pid', 'state', 'error',
-                            'output', 'attempt', 'lease', 'after', 'wait', 'waited');
+                            'output', 'attempt', 'lease', 'after', 'wait', 'waited', 'retried');
     PERFORM set_config('pgtask.retry', 'on', true);
     EXECUTE format('WITH n AS (INSERT INTO %1$s ("parent", "plan", "repeat", %2$s) '
                    'SELECT o."id", statement_timestamp(), ''0 sec'', %3$s FROM %1$s o '

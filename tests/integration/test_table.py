@@ -6,7 +6,8 @@ from support import provision_again
 
 COLUMNS = ["id", "parent", "plan", "start", "stop", "active", "live", "repeat", "timeout", "count", "max",
            "pid", "state", "delete", "drift", "header", "save", "string", "delimiter", "escape", "quote",
-           "data", "error", "group", "input", "null", "output", "remote", "user", "attempt", "lease", "after", "wait", "waited"]
+           "data", "error", "group", "input", "null", "output", "remote", "user", "attempt", "lease", "after", "wait", "waited",
+           "retried"]
 
 
 def test_every_column_and_label(db):
