@@ -8,7 +8,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from . import sql as named
-from .names import EXTRA_TABLES, LIVENESS_TABLES, beside, channel, extra_table, liveness_table
+from .names import EXTRA_TABLES, LIVENESS_TABLES, admin_role, beside, channel, extra_table, liveness_table
 from .provision_context import TableContext, change, look_up
 
 # index name suffix -> (table it is on, query in schedule.sql)
@@ -26,7 +26,7 @@ EXTRA_FUNCTIONS = {"is_service": ("is_service", None), "unsettable": ("unsettabl
                    "schedule_guard": ("schedule_guard", "schedule"),
                    "schedule_delete_guard": ("schedule_delete_guard", "schedule"),
                    "schedule_wake": ("schedule_wake", "schedule"),
-                   "group_wake": ("group_wake", "groups")}
+                   "group_wake": ("group_wake", "groups"), "group_guard": ("group_guard", "groups")}
 OPEN_VIEW = "open"  # the view of the caller's queued or running task ids (create_open)
 
 
@@ -42,7 +42,8 @@ class BesideTables:
         ctx = self.ctx
         return {**ctx.ids, **{kind: sql.Identifier(ctx.schema, beside(ctx.table, suffix))
                               for kind, suffix in {**EXTRA_TABLES, "open": OPEN_VIEW}.items()},
-                "regclass": sql.Literal(ctx.name_literal()), "channel": sql.Literal(channel(oid))}
+                "regclass": sql.Literal(ctx.name_literal()), "channel": sql.Literal(channel(oid)),
+                "admin": sql.Literal(admin_role(ctx.table))}
 
     async def objects(self, ids: dict, oid: int) -> None:
         """<table>_schedule, _occurrence, _key, _group, _service; <table>_enqueue(),

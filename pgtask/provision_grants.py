@@ -29,10 +29,12 @@ AUTHOR_PRIVILEGES = (
     *(("ROUTINE", verb, ("EXECUTE",)) for verb in AUTHOR_VERBS),
 )
 # The privileges of a table's operator role (admin_role): the verbs on every task, pausing groups,
-# and reading the tasks it acts on.
+# reading the tasks it acts on, and the group table (its retry policies are the operator's alone:
+# "group_guard" in schedule.sql).
 ADMIN_PRIVILEGES = (
     ("SCHEMA", "schema", ("USAGE",)),
     ("TABLE", "table", ("SELECT",)),
+    ("TABLE", "groups", ("SELECT", "INSERT", "UPDATE", "DELETE")),
     *(("ROUTINE", verb, ("EXECUTE",)) for verb in ADMIN_VERBS),
 )
 # each kind's object, from its quoted identifier (the server's name of it goes into the GRANT)

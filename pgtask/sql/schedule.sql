@@ -520,6 +520,35 @@ $body$
 CREATE TRIGGER {trigger} AFTER INSERT OR UPDATE ON {schedule} FOR EACH ROW
 WHEN (NEW."next_run" IS NULL AND NEW."error" IS NULL) EXECUTE FUNCTION {fn}()
 
+-- group_guard --
+-- A retry policy runs every role's failed tasks of its group again, as their authors: only the
+-- table's operator role ({admin}), owner, a superuser or a service role sets one. Other members
+-- of the authors' role still set capacity, pause and rate (docs/flow.md). The trigger fires on an
+-- insert, and on an update naming a retry column: not on the claim's token writes.
+CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $body$
+BEGIN
+    IF (CASE WHEN TG_OP = 'INSERT' THEN NEW."retry_attempts" IS NOT NULL
+             ELSE (NEW."retry_attempts", NEW."retry_backoff", NEW."retry_delay", NEW."retry_delay_max",
+                   NEW."retry_jitter", NEW."retry_on")
+                  IS DISTINCT FROM
+                  (OLD."retry_attempts", OLD."retry_backoff", OLD."retry_delay", OLD."retry_delay_max",
+                   OLD."retry_jitter", OLD."retry_on") END)
+       AND NOT {is_service}(current_user)
+       AND NOT coalesce(pg_has_role(current_user, (SELECT r.oid FROM pg_roles r WHERE r.rolname = {admin}), 'MEMBER'), false) THEN
+        RAISE EXCEPTION 'permission denied to set the retry policy of group %', NEW."group"
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('A retry policy runs every role''s failed tasks of the group again: it is set by %s, '
+                                'the table''s owner or a superuser.', {admin});
+    END IF;
+    RETURN NEW;
+END
+$body$
+
+-- group_guard_trigger --
+CREATE TRIGGER {trigger} BEFORE INSERT OR UPDATE OF "retry_attempts", "retry_backoff", "retry_delay",
+    "retry_delay_max", "retry_jitter", "retry_on" ON {groups} FOR EACH ROW EXECUTE FUNCTION {fn}()
+
 -- group_wake --
 -- A group resumed, or its rate or burst changed while it is not paused: the schedulers claim at
 -- once (a hint; they also poll), so a resume takes effect within a claim pass.

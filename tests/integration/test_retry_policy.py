@@ -186,6 +186,31 @@ def test_a_retry_runs_as_its_author_whoever_writes_the_failure(db, service_facto
     assert (mine["user"], mine["output"].split("\n")[-1]) == (mallory, mallory), mine
 
 
+def test_only_the_operator_sets_a_retry_policy(db):
+    """A policy runs other roles' failed tasks again: an author (task_user) who may set a group's
+    capacity may not set its policy; task_admin may."""
+    alice = author(db, "policy_alice", "task")
+    db.execute('DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = \'policy_dave\') THEN '
+               'CREATE ROLE policy_dave LOGIN; END IF; END$$')
+    db.execute("GRANT task_admin TO policy_dave")
+    refused = "permission denied to set the retry policy of group"
+    with db.connect(user=alice) as conn:
+        conn.execute("""INSERT INTO task_group ("group", capacity) VALUES ('shared', 5)""")
+        conn.execute("""UPDATE task_group SET capacity = 6, paused = true WHERE "group" = 'shared'""")
+        for statement in ("""INSERT INTO task_group ("group", retry_attempts) VALUES ('mine', 3)""",
+                          """UPDATE task_group SET retry_attempts = 3 WHERE "group" = 'shared'""",
+                          """UPDATE task_group SET retry_delay = '1 second' WHERE "group" = 'shared'"""):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match=refused):
+                conn.execute(statement)
+    assert db.execute("""SELECT "group", capacity, paused, retry_attempts, retry_delay FROM task_group""") \
+        == [("shared", 6, True, None, timedelta(minutes=1))]
+    with db.connect(user="policy_dave") as conn:
+        conn.execute("""UPDATE task_group SET retry_attempts = 3, retry_delay = '1 second' WHERE "group" = 'shared'""")
+        conn.execute("""INSERT INTO task_group ("group", retry_attempts) VALUES ('theirs', 2)""")
+    assert db.execute("""SELECT "group", retry_attempts FROM task_group ORDER BY 1""") \
+        == [("shared", 3), ("theirs", 2)]
+
+
 def test_groups_without_a_policy_retry_nothing(db, service):
     """No group row, a row with a capacity only, a policy of one attempt: a failed task has no child."""
     db.execute("""INSERT INTO task_group ("group", capacity) VALUES ('capped', 10)""")
@@ -240,11 +265,14 @@ def test_the_retry_count_is_checked_and_immutable(db):
 
 
 def test_a_group_table_of_an_earlier_version_gets_the_policy_columns(db):
+    db.execute("DROP TRIGGER task_group_guard ON task_group")  # an earlier version had neither
     db.execute("""ALTER TABLE task_group DROP COLUMN retry_attempts, DROP COLUMN retry_backoff,
                   DROP COLUMN retry_delay, DROP COLUMN retry_delay_max, DROP COLUMN retry_jitter,
                   DROP COLUMN retry_on""")
     db.execute("INSERT INTO task_group (\"group\", capacity) VALUES ('g', 3)")
-    assert "added the retry policy's columns to public.task_group" in provision_again(db).actions
+    actions = provision_again(db).actions
+    assert "added the retry policy's columns to public.task_group" in actions
+    assert "created trigger task_group_guard" in actions, actions
     assert db.execute("""SELECT capacity, retry_attempts, retry_backoff, retry_delay, retry_delay_max, retry_jitter,
                          retry_on FROM task_group""") == [(3, None, "exponential", timedelta(minutes=1), None, 0.0,
                                                             ["FAIL"])]
