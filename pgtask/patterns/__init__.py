@@ -12,7 +12,7 @@ Each pattern's SQL lives in ``<pattern>.sql`` beside this file, in sections head
 ``task NAME``       a repeating task inserted once (its input is ``query NAME_input``… see partition.sql)
 ``query NAME``      not installed: SQL for callers (``query(pattern, name, schema, table)``)
 
-Every object is named after the table (``task_retry``, ``task_archive``, …) and lives in its
+Every object is named after the table (``task_retry_backoff``, ``task_archive``, …) and lives in its
 schema. Placeholders, filled in with quoted identifiers and literals:
 
 ``{schema}`` ``{table}`` ``{state}``   the schema, ``schema.table``, ``schema.state``

@@ -12,9 +12,10 @@ ALTER TABLE {table} ADD COLUMN "retry_max" integer NOT NULL DEFAULT 0
 -- column retry_interval --
 ALTER TABLE {table} ADD COLUMN "retry_interval" interval NOT NULL DEFAULT '1 min'
 
--- function retry --
+-- function retry_backoff --
 -- The clone copies every column (your own ones too) except those the scheduler fills in itself.
-CREATE OR REPLACE FUNCTION {fn_retry}() RETURNS trigger LANGUAGE plpgsql
+-- (Named <table>_retry_backoff: <table>_retry is the retry verb, docs/operations.md.)
+CREATE OR REPLACE FUNCTION {fn_retry_backoff}() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     columns text;
@@ -38,4 +39,4 @@ $body$
 
 -- trigger retry --
 CREATE TRIGGER {name_retry} AFTER UPDATE OF "state" ON {table} FOR EACH ROW
-WHEN (NEW."state" = 'FAIL' AND OLD."state" IS DISTINCT FROM NEW."state") EXECUTE FUNCTION {fn_retry}()
+WHEN (NEW."state" = 'FAIL' AND OLD."state" IS DISTINCT FROM NEW."state") EXECUTE FUNCTION {fn_retry_backoff}()

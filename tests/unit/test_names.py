@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from pgtask import names, provision, provision_beside, provision_verbs
+from pgtask import names, patterns, provision, provision_beside, provision_verbs
 from pgtask.names import ident_name
 
 pytestmark = [pytest.mark.any_pg, pytest.mark.quick]  # no server: the first pass of ./test runs it
@@ -72,6 +72,9 @@ def test_the_task_table_keeps_its_own_name_uncut():
 
 
 # the relations (tables, views, indexes: one namespace per schema) provisioning makes beside a table
+# the functions the patterns install beside a table (pgtask/patterns/*.sql, "-- function NAME --")
+PATTERN_FUNCTIONS = tuple(s.name for p in patterns.PATTERNS for s in patterns.sections(p) if s.kind == "function")
+
 RELATIONS = (*names.EXTRA_TABLES.values(), *names.LIVENESS_TABLES, provision_beside.OPEN_VIEW,
              *provision_beside.EXTRA_INDEXES, *provision.INDEXES)
 
@@ -107,10 +110,11 @@ def test_a_53_byte_table_name_keeps_the_names_that_fit_and_hashes_the_ones_a_cut
 @pytest.mark.parametrize("letter", ["t", "\u00e9"])
 def test_every_routine_beside_a_table_has_a_name_of_its_own(length, letter):
     """Functions and procedures share a namespace per schema: the trigger functions, the helper
-    functions and the verbs beside one table never share a name."""
+    functions, the verbs and the patterns' functions beside one table never share a name (a
+    pattern's uninstall drops its functions by name)."""
     table = (letter * length).encode()[:length].decode(errors="ignore") or letter
     kinds = (*provision.TRIGGERS, *provision.FUNCTIONS, *provision_beside.EXTRA_FUNCTIONS,
-             *provision_verbs.FUNCTIONS, *provision_verbs.PROCEDURES)
+             *provision_verbs.FUNCTIONS, *provision_verbs.PROCEDURES, *PATTERN_FUNCTIONS)
     made = [names.beside(table, kind) for kind in kinds]
     assert len(set(made)) == len(made), sorted(made)
 
