@@ -23,6 +23,7 @@ GROUP_VERBS = ("pause", "resume")
 # The console's reads end after READ_TIMEOUT (a slow query cannot hang the page); one batch of an
 # action after ACT_TIMEOUT (a verb locks at most one batch of rows, for one statement).
 READ_TIMEOUT, ACT_TIMEOUT = "5s", "60s"
+CONNECT_TIMEOUT = 5
 # An action calls its verb batch after batch, at most this many times (10,000 rows each).
 MAX_BATCHES = 100
 ENV = "PGTASK_CONSOLE_"
@@ -82,7 +83,9 @@ class Snapshot:
 
 
 def connect(target: Target, timeout: str) -> psycopg.Connection:
-    conn = psycopg.connect(target.dsn, autocommit=True)
+    """An autocommit connection whose statements end after ``timeout``; an unreachable server is
+    given up after CONNECT_TIMEOUT seconds."""
+    conn = psycopg.connect(target.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
     conn.execute(named.query("console.sql", "timeout"), {"timeout": timeout})
     return conn
 

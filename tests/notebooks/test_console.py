@@ -102,6 +102,10 @@ def test_the_console_retries_what_its_filters_select(db, service, tmp_path):
             expect(page.locator(".pgtask-message")).to_contain_text(
                 ", ".join(f"{old} → {new}" for old, new, *_ in retried))
             finished(db, [r[1] for r in retried])
+            expect(page.locator(".pgtask-matching")).to_have_text("6 tasks match the filters")
+            # live: a task that fails now shows up with no one touching the page
+            finished(db, [db.insert("SELECT 1/0", group="billing")])
+            expect(page.locator(".pgtask-matching")).to_have_text("7 tasks match the filters")
 
             # the other group: a delete previewed, then called off at the confirmation
             before = rows(db)
