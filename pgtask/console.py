@@ -102,8 +102,8 @@ class Console:
             ("retry", "Retry", "warning"), ("cancel", "Cancel tasks", "warning"), ("delete", "Delete", "danger"),
             ("pause", "Pause group", ""), ("resume", "Resume group", ""))]
         for b, verb in zip(self.actions, (*data.TASK_VERBS, *data.GROUP_VERBS)):
-            b.on_click(lambda _b, verb=verb: self.ask(verb))
-        self.confirm.on_click(lambda _b: self.act())
+            b.on_click(lambda _b, verb=verb: self.spawn(self.ask(verb)))
+        self.confirm.on_click(lambda _b: self.spawn(self.act()))
         self.dismiss.on_click(lambda _b: self.call_off())
         self.pending: Pending | None = None
         self.wake = asyncio.Event()
@@ -113,6 +113,7 @@ class Console:
         self.widget = w.VBox([title, self.clock, self.verdict, self.groups, w.HTML("<b>tasks</b>"), self.filters.box,
                               w.HBox(self.actions), self.confirm_box, self.message, self.tasks])
         self.widget.add_class("pgtask-console")
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_task: asyncio.Task | None = None
 
     # -- the live view ---------------------------------------------------------------------------
@@ -120,8 +121,13 @@ class Console:
     def start(self) -> Console:
         """Refresh now and every ``every`` seconds (and at once when a filter changes), in the
         background of the kernel's running event loop."""
-        self.loop_task = asyncio.get_running_loop().create_task(self.run())
+        self.loop = asyncio.get_running_loop()
+        self.loop_task = self.loop.create_task(self.run())
         return self
+
+    def spawn(self, coro) -> None:
+        """A button's work on the kernel's loop (from whichever thread the click arrives on)."""
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
         if self.loop_task is not None:
@@ -145,7 +151,7 @@ class Console:
                 pass
 
     def show(self, snap: data.Snapshot) -> None:
-        self.verdict.value = view.verdict(snap.verdict)
+        self.verdict.value = view.verdict(snap)
         self.groups.value = view.groups(snap, SINCE)
         self.tasks.value = view.tasks(snap)
         self.filters.offer_groups([g["group"] for g in snap.groups])
@@ -157,12 +163,24 @@ class Console:
             return data.group_verb(self.target, verb, filters.group, preview)
         return data.task_verb(self.target, verb, filters, preview)
 
-    def ask(self, verb: str) -> None:
+    def busy(self, working: bool) -> None:
+        for b in (*self.actions, self.confirm):
+            b.disabled = working
+
+    async def off_loop(self, verb: str, filters: data.Filters, preview: bool) -> data.Outcome:
+        """A verb's call in a worker thread: the page keeps refreshing meanwhile."""
+        self.busy(True)
+        try:
+            return await self.loop.run_in_executor(None, self.call, verb, filters, preview)
+        finally:
+            self.busy(False)
+
+    async def ask(self, verb: str) -> None:
         """An action's first step: its preview, and the confirmation."""
         self.call_off(quiet=True)
         try:
             filters = self.filters.value()
-            outcome = self.call(verb, filters, preview=True)
+            outcome = await self.off_loop(verb, filters, preview=True)
         except Exception as exc:
             self.message.value = view.error(exc)
             return
@@ -171,14 +189,16 @@ class Console:
         self.prompt.value = view.preview(outcome)
         self.confirm_box.layout.display = "flex"
 
-    def act(self) -> None:
+    async def act(self) -> None:
         """Confirmed: the verb over exactly what was previewed; its result, then a refresh."""
         pending, self.pending = self.pending, None
         self.confirm_box.layout.display = "none"
         if pending is None:
             return
+        self.message.value = f"<span class='pgtask-working'>{pending.verb}: working…</span>"
         try:
-            self.message.value = view.result(self.call(pending.verb, pending.filters, preview=False))
+            outcome = await self.off_loop(pending.verb, pending.filters, preview=False)
+            self.message.value = view.result(outcome)
         except Exception as exc:
             self.message.value = view.error(exc)
         self.wake.set()

@@ -22,7 +22,7 @@ TASK_VERBS = ("retry", "cancel", "delete")
 GROUP_VERBS = ("pause", "resume")
 # The console's reads end after READ_TIMEOUT (a slow query cannot hang the page); one batch of an
 # action after ACT_TIMEOUT (a verb locks at most one batch of rows, for one statement).
-READ_TIMEOUT, ACT_TIMEOUT = "5s", "60s"
+READ_TIMEOUT, ACT_TIMEOUT = "5s", "1min"
 CONNECT_TIMEOUT = 5
 # An action calls its verb batch after batch, at most this many times (10,000 rows each).
 MAX_BATCHES = 100
@@ -75,11 +75,14 @@ def parse_ids(text: str) -> tuple[int, ...] | None:
 
 @dataclass
 class Snapshot:
-    """One refresh: the verdict, the groups (each with its flow control), the selected rows."""
-    verdict: status.Verdict
+    """One refresh: the verdict, the groups (each with its flow control), the selected rows. A part
+    the console's role may not read (``pgtask status`` reads the instance and group tables beside
+    the task table) is left empty, and why is in ``problems`` under its name: the other parts show."""
+    verdict: status.Verdict | None = None
     groups: list[dict] = field(default_factory=list)
     tasks: list[dict] = field(default_factory=list)
     matching: int = 0
+    problems: dict[str, psycopg.Error] = field(default_factory=dict)
 
 
 def connect(target: Target, timeout: str) -> psycopg.Connection:
@@ -96,24 +99,40 @@ def statement(target: Target, name: str, fn: str | None = None) -> sql.Composed:
     return sql.SQL(named.query("console.sql", name)).format(table=table, fn=fn_id)
 
 
+def groups_with_flow(conn: psycopg.Connection, schema: str, table: str, since: str) -> list[dict]:
+    """status.groups, each with its row of status.flow (None when it has none)."""
+    flow = {g["group"]: g for g in status.flow(conn, schema, table)}
+    found = status.groups(conn, schema, table, since)
+    for g in found:
+        g["flow"] = flow.get(g["group"])
+    return found
+
+
 def snapshot(target: Target, filters: Filters, since: str = "1 hour", limit: int = 100) -> Snapshot:
     """The console's view of the table now, read in one short-lived connection."""
     s, t = target.schema, target.table
+    snap = Snapshot()
+
+    def part(name, read):
+        try:
+            return read()
+        except psycopg.errors.InsufficientPrivilege as exc:  # autocommit: the next part goes on
+            snap.problems[name] = exc
+            return None
+
     with connect(target, READ_TIMEOUT) as conn:
         oid = status.table_oid(conn, s, t)
         if oid is None:
-            return Snapshot(status.Verdict(False, f"NOT OK: no table {s}.{t} in this database "
-                                                  "(run `pgtask provision`)", []))
-        verdict = status.verdict(status.liveness(conn, s, t, oid), s, t)
-        flow = {g["group"]: g for g in status.flow(conn, s, t)}
-        found = status.groups(conn, s, t, since)
-        for g in found:
-            g["flow"] = flow.pop(g["group"], None)
+            snap.verdict = status.Verdict(False, f"NOT OK: no table {s}.{t} in this database "
+                                                 "(run `pgtask provision`)", [])
+            return snap
+        snap.verdict = part("verdict", lambda: status.verdict(status.liveness(conn, s, t, oid), s, t))
+        snap.groups = part("groups", lambda: groups_with_flow(conn, s, t, since)) or []
         params = {**filters.params(), "limit": limit}
-        cur = conn.cursor(row_factory=dict_row)
-        tasks = cur.execute(statement(target, "tasks"), params).fetchall()
-        matching = conn.execute(statement(target, "matching"), params).fetchone()[0]
-    return Snapshot(verdict, found, tasks, matching)
+        snap.tasks = part("tasks", lambda: conn.cursor(row_factory=dict_row).execute(
+            statement(target, "tasks"), params).fetchall()) or []
+        snap.matching = part("tasks", lambda: conn.execute(statement(target, "matching"), params).fetchone()[0]) or 0
+    return snap
 
 
 @dataclass

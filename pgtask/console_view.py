@@ -8,7 +8,6 @@ from html import escape
 
 import psycopg
 
-from . import status
 from .console_data import Outcome, Snapshot
 from .readable import count, duration, ident, percent, rate
 
@@ -26,7 +25,15 @@ def table(headers, rows, numeric) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def verdict(v: status.Verdict) -> str:
+def cannot(snap: Snapshot, part: str, what: str) -> str:
+    """Why a part of the snapshot is missing: the role may not read it."""
+    return f"<div class='pgtask-cannot'>{what}: {error(snap.problems[part])}</div>"
+
+
+def verdict(snap: Snapshot) -> str:
+    if snap.verdict is None:
+        return STYLE + cannot(snap, "verdict", "is a service looking after the table? cannot tell")
+    v = snap.verdict
     cls = "pgtask-ok" if v.ok else "pgtask-not-ok"
     details = "".join(f"<div>{escape(d)}</div>" for d in v.details)
     return f"{STYLE}<div class='pgtask-verdict {cls}'>{escape(v.headline)}</div>{details}"
@@ -38,6 +45,8 @@ GROUP_NUMERIC = (False, True, True, True, True, True, True, True, False, True)
 
 
 def groups(snap: Snapshot, since: str) -> str:
+    if "groups" in snap.problems:
+        return cannot(snap, "groups", "groups")
     if not snap.groups:
         return "<i>no tasks</i>"
     rows = []
@@ -56,6 +65,8 @@ TASK_NUMERIC = (True, False, False, False, True, True, False, False)
 
 
 def tasks(snap: Snapshot) -> str:
+    if "tasks" in snap.problems:
+        return cannot(snap, "tasks", "tasks")
     rows = [[ident(t["id"]), t["state"], t["group"], t["user"], duration(t["age_seconds"], "waiting"),
              ident(t["parent"]), t["error"], t["input"]] for t in snap.tasks]
     shown = f", the newest {count(len(rows))} shown" if len(rows) < snap.matching else ""
