@@ -17,8 +17,11 @@ from . import console_data as data
 from . import console_view as view
 from .patterns import notebook
 
-ANY = "(any)"
-AGES = ((ANY, ""), ("5 minutes", "5 minutes"), ("1 hour", "1 hour"), ("1 day", "1 day"), ("7 days", "7 days"))
+# A dropdown's "(any)": its value is a NUL character, which no PostgreSQL text holds, so no group's
+# name (anyone's text) is mistaken for it.
+ANY = "\x00"
+ANY_OPTION = ("(any)", ANY)
+AGES = (ANY_OPTION, *((age, age) for age in ("5 minutes", "1 hour", "1 day", "7 days")))
 SINCE = "1 hour"
 
 
@@ -45,11 +48,12 @@ class Filters:
     """The filter widgets, and the data.Filters they say."""
 
     def __init__(self):
-        self.state = w.Dropdown(description="state", options=[ANY, *data.STATES], value=ANY)
-        self.group = w.Dropdown(description="group", options=[ANY], value=ANY)
+        self.state = w.Dropdown(description="state", options=[ANY_OPTION, *((s, s) for s in data.STATES)],
+                                value=ANY)
+        self.group = w.Dropdown(description="group", options=[ANY_OPTION], value=ANY)
         self.author = text_filter("author", "pgtask-author")
         self.error = text_filter("error has", "pgtask-error")
-        self.older = w.Dropdown(description="older than", options=AGES, value="")
+        self.older = w.Dropdown(description="older than", options=AGES, value=ANY)
         self.ids = text_filter("task ids", "pgtask-ids")
         self.state.add_class("pgtask-state")
         self.group.add_class("pgtask-group")
@@ -58,9 +62,10 @@ class Filters:
         self.box = w.VBox([w.HBox(self.widgets[:3]), w.HBox(self.widgets[3:])])
 
     def value(self) -> data.Filters:
-        """What the widgets select; a bad task id list raises ValueError."""
+        """What the widgets select (a choice as it is, a text as typed; "(any)" and an empty text
+        select every row); a bad task id list raises ValueError."""
         def given(v):
-            return None if v in (ANY, None) or not str(v).strip() else str(v).strip()
+            return None if v in (ANY, "", None) else v
 
         return data.Filters(state=given(self.state.value), group=given(self.group.value),
                             author=given(self.author.value), error_has=given(self.error.value),
@@ -69,7 +74,7 @@ class Filters:
     def offer_groups(self, groups: list[str]) -> None:
         """The group choices: the table's groups (and the one chosen, even when it has none now)."""
         chosen = self.group.value
-        options = [ANY, *sorted(set(groups) | ({chosen} - {ANY}))]
+        options = [ANY_OPTION, *((g, g) for g in sorted(set(groups) | ({chosen} - {ANY})))]
         if list(self.group.options) != options:
             self.group.options = options
             self.group.value = chosen
@@ -99,7 +104,8 @@ class Console:
         self.confirm_box = w.HBox([self.prompt, self.confirm, self.dismiss], layout=w.Layout(display="none"))
         self.confirm_box.add_class("pgtask-confirm-box")
         self.actions = [button(label, f"pgtask-{verb}", style) for verb, label, style in (
-            ("retry", "Retry", "warning"), ("cancel", "Cancel tasks", "warning"), ("delete", "Delete", "danger"),
+            ("retry", "Retry", "warning"), ("cancel", "Cancel tasks", "warning"),
+            ("delete", "Delete", "danger"),
             ("pause", "Pause group", ""), ("resume", "Resume group", ""))]
         for b, verb in zip(self.actions, (*data.TASK_VERBS, *data.GROUP_VERBS)):
             b.on_click(lambda _b, verb=verb: self.spawn(self.ask(verb)))
@@ -110,7 +116,8 @@ class Console:
         self.filters.observe(lambda _change: self.wake.set())
         title = w.HTML(f"<h3>pgtask console: {escape(target.schema)}.{escape(target.table)}</h3>"
                        f"<small>server: {escape(where)}</small>")
-        self.widget = w.VBox([title, self.clock, self.verdict, self.groups, w.HTML("<b>tasks</b>"), self.filters.box,
+        self.widget = w.VBox([title, self.clock, self.verdict, self.groups, w.HTML("<b>tasks</b>"),
+                              self.filters.box,
                               w.HBox(self.actions), self.confirm_box, self.message, self.tasks])
         self.widget.add_class("pgtask-console")
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -141,7 +148,8 @@ class Console:
                 filters = self.filters.value()
                 snap = await loop.run_in_executor(None, data.snapshot, self.target, filters, SINCE)
                 self.show(snap)
-                self.clock.value = f"<small>refreshed {time.strftime('%H:%M:%S')}, every {self.every:g} s</small>"
+                self.clock.value = (f"<small>refreshed {time.strftime('%H:%M:%S')}, "
+                                    f"every {self.every:g} s</small>")
             except Exception as exc:  # shown in the page; the next refresh tries again
                 self.clock.value = f"<small>refresh failed at {time.strftime('%H:%M:%S')}: " \
                                    f"{view.error(exc)}</small>"
@@ -206,7 +214,8 @@ class Console:
     def call_off(self, quiet: bool = False) -> None:
         """The confirmation dismissed: nothing is done."""
         if self.pending is not None and not quiet:
-            self.message.value = f"<span class='pgtask-result'>{self.pending.verb}: not done, nothing changed.</span>"
+            self.message.value = (f"<span class='pgtask-result'>{self.pending.verb}: not done, "
+                                  "nothing changed.</span>")
         self.pending = None
         self.confirm_box.layout.display = "none"
 

@@ -131,7 +131,8 @@ def snapshot(target: Target, filters: Filters, since: str = "1 hour", limit: int
         params = {**filters.params(), "limit": limit}
         snap.tasks = part("tasks", lambda: conn.cursor(row_factory=dict_row).execute(
             statement(target, "tasks"), params).fetchall()) or []
-        snap.matching = part("tasks", lambda: conn.execute(statement(target, "matching"), params).fetchone()[0]) or 0
+        snap.matching = part("tasks", lambda: conn.execute(
+            statement(target, "matching"), params).fetchone()[0]) or 0
     return snap
 
 
@@ -159,7 +160,8 @@ def task_verb(target: Target, verb: str, filters: Filters, preview: bool) -> Out
     from_id = None
     with connect(target, READ_TIMEOUT if preview else ACT_TIMEOUT) as conn:
         for _ in range(1 if preview else MAX_BATCHES):
-            row = conn.execute(statement(target, "task_verb", verb), {**params, "from_id": from_id}).fetchone()
+            row = conn.execute(statement(target, "task_verb", verb),
+                               {**params, "from_id": from_id}).fetchone()
             tasks, remaining, last_id, sample, new_sample = row
             total.tasks += tasks
             total.remaining = remaining

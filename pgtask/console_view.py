@@ -15,7 +15,8 @@ STYLE = ("<style>.pgtask-console table{border-collapse:collapse;font-size:12px}"
          ".pgtask-console td,.pgtask-console th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:left}"
          ".pgtask-console td.n{text-align:right}.pgtask-ok{color:#176317;font-weight:bold}"
          ".pgtask-not-ok{color:#a11;font-weight:bold}.pgtask-error-text{color:#a11}</style>")
-VERBED = {"retry": "retried", "cancel": "cancelled", "delete": "deleted", "pause": "paused", "resume": "resumed"}
+VERBED = {"retry": "retried", "cancel": "cancelled", "delete": "deleted", "pause": "paused",
+          "resume": "resumed"}
 
 
 def table(headers, rows, numeric) -> str:

@@ -33,8 +33,9 @@ def voila(db, tmp_path: Path):
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("voila")), str(ROOT / "notebooks/console.ipynb"), "--no-browser",
-             f"--port={port}", "--Voila.ip=127.0.0.1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+            [str(Path(sys.executable).with_name("voila")), str(ROOT / "notebooks/console.ipynb"),
+             "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         def listening():
             assert proc.poll() is None, f"voila exited ({proc.returncode}):\n{log_path.read_text()}"

@@ -6,8 +6,8 @@ from pgtask.console_data import Target, parse_ids, settings
 
 
 def test_a_parameter_left_at_its_default_is_taken_from_the_environment():
-    env = {"PGTASK_CONSOLE_DSN": "dbname=app", "PGTASK_CONSOLE_SCHEMA": "jobs", "PGTASK_CONSOLE_TABLE": "queue",
-           "PGTASK_CONSOLE_REFRESH": "2.5"}
+    env = {"PGTASK_CONSOLE_DSN": "dbname=app", "PGTASK_CONSOLE_SCHEMA": "jobs",
+           "PGTASK_CONSOLE_TABLE": "queue", "PGTASK_CONSOLE_REFRESH": "2.5"}
     assert settings("", "public", "task", 5, env) == (Target("dbname=app", "jobs", "queue"), 2.5)
     assert settings("dbname=x", "s", "t", 3, env) == (Target("dbname=x", "s", "t"), 3.0)
     assert settings("", "public", "task", 5, {}) == (Target("", "public", "task"), 5.0)
