@@ -15,7 +15,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.i
 
 def test_every_notebook_is_tested():
     tests = (Path(__file__).parent / "test_notebooks.py").read_text()
-    assert len(NOTEBOOKS) == 13
+    assert len(NOTEBOOKS) == 14
     for path in NOTEBOOKS:
         assert f'"{path.stem}"' in tests, f"{path.name} is not executed by a test"
 

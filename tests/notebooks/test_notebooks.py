@@ -353,3 +353,13 @@ def test_maintenance_refuses_bad_parameters(db, run_notebook, params, message):
     with pytest.raises(papermill.PapermillExecutionError, match=message):
         run_notebook("maintenance", dry_run=False, **params)
     assert db.task(tid)["state"] == "DONE"
+
+
+def test_console(db, run_notebook):
+    """The console's notebook runs headless (papermill) with its parameters and displays one
+    widget, the console; tests/notebooks/test_console.py drives it in a browser."""
+    nb = run_notebook("console", refresh=1)
+    views = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1
+    assert "error" not in {o.get("output_type") for c in nb.cells if c.cell_type == "code" for o in c.outputs}
