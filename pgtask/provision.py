@@ -153,6 +153,7 @@ class TableProvisioner:
         await grants.beside_grants()
         await beside.register_service()
         await beside.liveness()
+        await grants.admin_liveness()
         return oid
 
     async def schema_and_type(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from .names import EXTRA_TABLES, admin_role, author_role, beside, function_name
+from .names import EXTRA_TABLES, admin_role, author_role, beside, function_name, liveness_table
 from .provision_context import TableContext, change, look_up
 from .provision_verbs import ADMIN_VERBS, AUTHOR_VERBS
 
@@ -100,6 +100,16 @@ class Grants:
                 ident = sql.Identifier(ctx.schema, function_name(ctx.table, name)) \
                     if kind in ("FUNCTION", "ROUTINE") else ids[name]
                 await self.grant_missing(role, kind, ident, privileges)
+
+    async def admin_liveness(self) -> None:
+        """The operator role reads the instance table (sql/liveness.sql), which no other role may:
+        whether a service looks after the table is the first thing `pgtask status` and the console
+        say. After the liveness tables are made (BesideTables.liveness)."""
+        ctx = self.ctx
+        role = admin_role(ctx.table)
+        if await ctx.one(look_up("role_exists"), (role,)) is not None:
+            await self.grant_missing(role, "TABLE", sql.Identifier(ctx.schema, liveness_table(ctx.table, "instance")),
+                                     ("SELECT",))
 
     async def ensure_role(self, role: str) -> bool:
         """Create the NOLOGIN ``role`` when missing and allowed to; whether it exists now."""
