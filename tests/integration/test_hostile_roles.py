@@ -196,7 +196,8 @@ def test_the_claim_lock_is_the_services_alone(db, service):
 def test_a_table_provisioned_before_gets_its_claim_lock_and_instance_tables(db):
     db.execute("DROP TABLE task_claim, task_instance")
     assert sorted(provision_again(db).actions) == ["created table public.task_claim",
-                                                   "created table public.task_instance"]
+                                                   "created table public.task_instance",
+                                                   "granted SELECT on table task_instance to task_admin"]
     assert db.value("SELECT count(*) FROM information_schema.role_table_grants WHERE grantee = 'PUBLIC' "
                     "AND table_name IN ('task_claim', 'task_instance')") == 0
     assert provision_again(db).actions == []
