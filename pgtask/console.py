@@ -76,8 +76,8 @@ class Filters:
         chosen = self.group.value
         options = [ANY_OPTION, *((g, g) for g in sorted(set(groups) | ({chosen} - {ANY})))]
         if list(self.group.options) != options:
-            self.group.options = options
-            self.group.value = chosen
+            self.group.set_trait("options", options)
+            self.group.set_trait("value", chosen)
 
     def observe(self, handler) -> None:
         for widget in self.widgets:
@@ -148,20 +148,20 @@ class Console:
                 filters = self.filters.value()
                 snap = await loop.run_in_executor(None, data.snapshot, self.target, filters, SINCE)
                 self.show(snap)
-                self.clock.value = (f"<small>refreshed {time.strftime('%H:%M:%S')}, "
-                                    f"every {self.every:g} s</small>")
+                self.clock.set_trait("value", f"<small>refreshed {time.strftime('%H:%M:%S')}, "
+                                              f"every {self.every:g} s</small>")
             except Exception as exc:  # shown in the page; the next refresh tries again
-                self.clock.value = f"<small>refresh failed at {time.strftime('%H:%M:%S')}: " \
-                                   f"{view.error(exc)}</small>"
+                self.clock.set_trait("value", f"<small>refresh failed at {time.strftime('%H:%M:%S')}: "
+                                              f"{view.error(exc)}</small>")
             try:
                 await asyncio.wait_for(self.wake.wait(), self.every)
             except asyncio.TimeoutError:
                 pass
 
     def show(self, snap: data.Snapshot) -> None:
-        self.verdict.value = view.verdict(snap)
-        self.groups.value = view.groups(snap, SINCE)
-        self.tasks.value = view.tasks(snap)
+        self.verdict.set_trait("value", view.verdict(snap))
+        self.groups.set_trait("value", view.groups(snap, SINCE))
+        self.tasks.set_trait("value", view.tasks(snap))
         self.filters.offer_groups([g["group"] for g in snap.groups])
 
     # -- the actions -----------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class Console:
 
     def busy(self, working: bool) -> None:
         for b in (*self.actions, self.confirm):
-            b.disabled = working
+            b.set_trait("disabled", working)
 
     async def off_loop(self, verb: str, filters: data.Filters, preview: bool) -> data.Outcome:
         """A verb's call in a worker thread: the page keeps refreshing meanwhile."""
@@ -190,34 +190,34 @@ class Console:
             filters = self.filters.value()
             outcome = await self.off_loop(verb, filters, preview=True)
         except Exception as exc:
-            self.message.value = view.error(exc)
+            self.message.set_trait("value", view.error(exc))
             return
         self.pending = Pending(verb, filters)
-        self.message.value = ""
-        self.prompt.value = view.preview(outcome)
-        self.confirm_box.layout.display = "flex"
+        self.message.set_trait("value", "")
+        self.prompt.set_trait("value", view.preview(outcome))
+        self.confirm_box.layout.set_trait("display", "flex")
 
     async def act(self) -> None:
         """Confirmed: the verb over exactly what was previewed; its result, then a refresh."""
         pending, self.pending = self.pending, None
-        self.confirm_box.layout.display = "none"
+        self.confirm_box.layout.set_trait("display", "none")
         if pending is None:
             return
-        self.message.value = f"<span class='pgtask-working'>{pending.verb}: working…</span>"
+        self.message.set_trait("value", f"<span class='pgtask-working'>{pending.verb}: working…</span>")
         try:
             outcome = await self.off_loop(pending.verb, pending.filters, preview=False)
-            self.message.value = view.result(outcome)
+            self.message.set_trait("value", view.result(outcome))
         except Exception as exc:
-            self.message.value = view.error(exc)
+            self.message.set_trait("value", view.error(exc))
         self.wake.set()
 
     def call_off(self, quiet: bool = False) -> None:
         """The confirmation dismissed: nothing is done."""
         if self.pending is not None and not quiet:
-            self.message.value = (f"<span class='pgtask-result'>{self.pending.verb}: not done, "
-                                  "nothing changed.</span>")
+            self.message.set_trait("value", f"<span class='pgtask-result'>{self.pending.verb}: not done, "
+                                            "nothing changed.</span>")
         self.pending = None
-        self.confirm_box.layout.display = "none"
+        self.confirm_box.layout.set_trait("display", "none")
 
 
 def open_console(dsn: str = "", schema: str = "public", table: str = "task", refresh: float = 5) -> Console:
