@@ -324,6 +324,50 @@ def test_a_browser_runs_the_queue_inspection(host, lab, tmp_path_factory):
             browser.close()
 
 
+CONSOLE_PORT = 8866
+
+
+def test_a_browser_opens_the_console_behind_the_labs_password(host, tmp_path_factory):
+    """The console's own unit (Voila, the lab's account and password, 127.0.0.1): a request without
+    the password goes to the login; Chromium logs in and the page shows the verdict of the entry."""
+    assert host.sh("systemctl is-active pgtask-console").stdout.strip() == "active"
+    pid = host.sh("systemctl show -P MainPID pgtask-console").stdout.strip()
+    assert host.sh(f"stat -c %U /proc/{pid}").stdout.strip() == "pgtask-lab"
+    config = json.loads(host.sh("cat /etc/pgtask/console/voila.json").stdout)
+    lab_config = json.loads(host.sh("cat /etc/pgtask/jupyter/jupyter_server_config.json").stdout)
+    assert config["PasswordIdentityProvider"]["hashed_password"] == \
+        lab_config["PasswordIdentityProvider"]["hashed_password"]
+    assert (config["Voila"]["ip"], config["Voila"]["port"]) == ("127.0.0.1", CONSOLE_PORT)
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} missing: scripts/bootstrap test installs Debian's chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = tmp_path_factory.mktemp("console")
+    with ssh_forward(host, CONSOLE_PORT) as console:
+        wait_for(lambda: lab_get_quiet(console + "/login") == 200, LAB_DEADLINE, "the console to answer")
+        status, headers = lab_get(console + "/")
+        assert status == 302 and headers.get("Location", "").startswith("/login"), (status, headers)
+        timeout = LAB_DEADLINE * 1000
+        expect.set_options(timeout=timeout)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-proxy-server"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(timeout)
+            try:
+                page.goto(console + "/login?next=%2F")
+                page.fill("input[name=password]", lab_password(host))
+                page.click("#login_submit")
+                expect(page.locator(".pgtask-verdict")).to_contain_text(re.compile(r"(OK|NOT OK): "))
+                page.screenshot(path=str(shots / "console.png"))
+            except Exception as exc:
+                page.screenshot(path=str(shots / "console-failed.png"))
+                journal = host.sh("journalctl -u pgtask-console --no-pager", check=False).stdout
+                raise AssertionError(f"{exc}\nthe page: {shots / 'console-failed.png'}\n"
+                                     f"the console's journal:\n{journal[-3000:]}") from None
+            finally:
+                browser.close()
+
+
 def test_the_lab_starts_again_after_a_kernel_ran(host, lab):
     """A kernel leaves ~/.ipython behind, which jupyter_core offers to migrate at the next start: the
     lab must start again all the same (its config dir is read-only to it)."""
@@ -403,7 +447,9 @@ def test_turned_off_the_lab_goes(host, deploy):
     venv; nothing listens on its port; the rollout after that changes nothing."""
     assert_ok(deploy(ENTRIES, pgtask_lab=False, **VARS))
     assert host.sh("systemctl is-active pgtask-lab", check=False).stdout.strip() in ("inactive", "unknown")
-    for path in ("/etc/systemd/system/pgtask-lab.service", "/etc/pgtask/jupyter", "/opt/pgtask/lab-venv"):
+    assert host.sh("systemctl is-active pgtask-console", check=False).stdout.strip() in ("inactive", "unknown")
+    for path in ("/etc/systemd/system/pgtask-lab.service", "/etc/pgtask/jupyter", "/opt/pgtask/lab-venv",
+                 "/etc/systemd/system/pgtask-console.service", "/etc/pgtask/console"):
         assert host.sh(f"test -e {path}", check=False).returncode != 0, path
     probe = f"import socket; socket.create_connection(('127.0.0.1', {LAB_PORT}), 5)"
     assert host.sh(f"python3 -c {shlex.quote(probe)}", check=False).returncode != 0
