@@ -53,8 +53,8 @@ class BesideTables:
             return sql.SQL(named.query("schedule.sql", name)).format(**ids, **extra)
 
         await self.tables(ids, q)
-        await self.groups_flow(q)
-        await self.groups_retry(q)
+        await self.group_columns(q, "paused", "groups_flow", "paused, rate and burst")
+        await self.group_columns(q, "retry_attempts", "groups_retry", "the retry policy's columns")
         await self.indexes(oid, q)
         for suffix, (query_name, trigger_on) in EXTRA_FUNCTIONS.items():
             await self.function(suffix, query_name, trigger_on, q)
@@ -119,23 +119,15 @@ class BesideTables:
             await ctx.own("view", ids["open"])
             ctx.report.add(f"created view {ctx.schema}.{rel}")
 
-    async def groups_flow(self, q) -> None:
-        """A group table without pause and rate (capacities only) gets them (groups_flow)."""
+    async def group_columns(self, q, marker: str, query: str, added: str) -> None:
+        """A group table of an earlier version, without the column ``marker``, gets the columns of
+        ``query`` (groups_flow: pause and rate; groups_retry: the retry policy)."""
         ctx = self.ctx
         rel = extra_table(ctx.table, "groups")
-        if await ctx.one(look_up("column_exists", column=sql.Literal("paused")),
+        if await ctx.one(look_up("column_exists", column=sql.Literal(marker)),
                          (sql.Identifier(ctx.schema, rel).as_string(ctx.conn),)) is None:
-            await ctx.conn.execute(q("groups_flow"))
-            ctx.report.add(f"added paused, rate and burst to {ctx.schema}.{rel}")
-
-    async def groups_retry(self, q) -> None:
-        """A group table without retry policies gets their columns (groups_retry)."""
-        ctx = self.ctx
-        rel = extra_table(ctx.table, "groups")
-        if await ctx.one(look_up("column_exists", column=sql.Literal("retry_attempts")),
-                         (sql.Identifier(ctx.schema, rel).as_string(ctx.conn),)) is None:
-            await ctx.conn.execute(q("groups_retry"))
-            ctx.report.add(f"added the retry policy's columns to {ctx.schema}.{rel}")
+            await ctx.conn.execute(q(query))
+            ctx.report.add(f"added {added} to {ctx.schema}.{rel}")
 
     async def keys_per_role(self, keys: sql.Identifier, q) -> None:
         """Idempotency keys are each role's own: the "user" column in the primary key (an older
