@@ -125,6 +125,10 @@ def dump_tasks() -> None:
         log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
+class WorkerExited(Exception):
+    """A worker process ended, or could not be started: the message says which."""
+
+
 class Workers:
     """The service's other processes (``pgtask.processes`` - 1), kept by its first one.
 
@@ -163,38 +167,41 @@ class Workers:
             self.keepers[i] = asyncio.create_task(self._keep(i), name=f"worker {i}/{count}")
 
     async def _keep(self, i: int) -> None:
+        """Worker ``i``, started again ``restart_after`` s after each exit (restart.supervised)."""
+        await supervised(f"worker process {i}/{self.count}", lambda: self._run_once(i), lambda: False,
+                         Every(lambda: self.restart_after), log, traceback=lambda exc: False)
+
+    async def _run_once(self, i: int) -> None:
+        """Start worker ``i`` and wait for it to exit: WorkerExited says how it ended."""
         args = ["--config", str(self.config_path)] if self.config_path else []
         env = {key: value for key, value in os.environ.items() if key not in systemd_notify.ENV}
         env.update({WORKER_ENV: f"{i}/{self.count}", WORKER_DSN_ENV: self.conninfo})
         # Under systemd's watchdog, the first process watches its workers the same way (see systemd_notify.Pings).
         interval = systemd_notify.watchdog_interval(os.environ)
+        pings = None
         if interval is not None:
             env["WATCHDOG_USEC"] = str(round(interval * 2e6))
-        while True:
-            pings = systemd_notify.Pings() if interval is not None else None
+            pings = systemd_notify.Pings()
+            env.update(pings.env)
+        try:
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "pgtask.cli", "run", *args, env={**env, **(pings.env if pings else {})},
-                    stdin=asyncio.subprocess.PIPE)
+                proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pgtask.cli", "run", *args,
+                                                            env=env, stdin=asyncio.subprocess.PIPE)
             except OSError as exc:  # no interpreter there any more, no fork (process or memory limit)
-                log.error("worker process %d/%d could not be started (%s); trying again in %gs",
-                          i, self.count, exc, self.restart_after)
-            else:
-                self.procs[i] = proc
-                log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
-                if pings is not None and await pings.hung(proc, 2 * interval):
-                    log.error("worker process %d/%d (pid %d) sent no watchdog ping for %gs: killing it",
-                              i, self.count, proc.pid, 2 * interval)
-                    proc.kill()
-                code = await proc.wait()
-                if self.gone is not None:
-                    self.gone(proc.pid)
-                log.error("worker process %d/%d (pid %d) exited with status %s; starting it again in %gs",
-                          i, self.count, proc.pid, code, self.restart_after)
-            finally:
-                if pings is not None:
-                    pings.close()
-            await asyncio.sleep(self.restart_after)
+                raise WorkerExited(f"it could not be started ({exc})") from exc
+            self.procs[i] = proc
+            log.info("worker process %d/%d started (pid %d)", i, self.count, proc.pid)
+            if pings is not None and await pings.hung(proc, 2 * interval):
+                log.error("worker process %d/%d (pid %d) sent no watchdog ping for %gs: killing it",
+                          i, self.count, proc.pid, 2 * interval)
+                proc.kill()
+            code = await proc.wait()
+            if self.gone is not None:
+                self.gone(proc.pid)
+            raise WorkerExited(f"pid {proc.pid} exited with status {code}")
+        finally:
+            if pings is not None:
+                pings.close()
 
     def health(self) -> list[str]:
         """The workers not running now (see Supervisor.health)."""

@@ -188,7 +188,7 @@ def test_a_worker_process_is_started_again_and_stops_with_the_service(db, servic
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: svc.workers() and svc.workers() != [first] and "pgtask running" in svc.output().split(
         "starting it again")[-1], 30, message=f"the worker started again:\n{svc.output()}")
-    assert "exited with status -9; starting it again in 1s" in svc.output()
+    assert "failed: pid " in svc.output() and "exited with status -9; starting it again in 1.0s" in svc.output()
     assert db.wait_state(db.insert("SELECT 1"))["state"] == "DONE"
     [second] = svc.workers()
     assert svc.stop() == 0
@@ -236,7 +236,7 @@ def test_a_worker_that_cannot_be_started_is_tried_again(monkeypatch, caplog):
 
     with caplog.at_level(logging.ERROR, logger="pgtask.supervisor"):
         asyncio.run(go())
-    assert "worker process 1/2 could not be started ([Errno 2] No such file or directory" in caplog.text
+    assert "worker process 1/2 failed: it could not be started ([Errno 2] No such file or directory" in caplog.text
 
 
 @pytest.mark.parametrize("value, message", [(0, "must be >= 1, got 0"), ("2", "expected int, got '2'")])
