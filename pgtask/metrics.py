@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -420,11 +421,8 @@ class Endpoint:
         self.health = health
         host, port = parse_listen(listen)
         server_class = ThreadingWSGIServer
-        if ":" in host:
-            import socket
-
-            class server_class(ThreadingWSGIServer):
-                address_family = socket.AF_INET6
+        if ":" in host:  # an IPv6 address: the server's socket of that family
+            server_class = type("ThreadingWSGIServer6", (ThreadingWSGIServer,), {"address_family": socket.AF_INET6})
         self.server = make_server(host, port, self.app, server_class, handler_class=_Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, name="pgtask metrics", daemon=True)
 
