@@ -202,8 +202,6 @@ class Claimer:
         inflight = parts.inflight
         self.planning.after_pass(bool(tasks), not tasks and not inflight,
                                  not tasks and inflight.keys() <= batch.ids())
-        for finished in batch.offered_tasks():  # its input is over: nothing of it to cancel on the session
-            inflight.detach(finished.id)
         for task, session in batch.claimed(tasks):
             parts.metrics.picked_up(task.waited)
             self.dispatch(task, session)

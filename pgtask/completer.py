@@ -109,7 +109,6 @@ class Completer:
         written = await (self._finish_one(task, output, error) if alone
                          else self._submit(FinishWrite(task, self._future(), output, error)))
         if written is REFUSED:  # still WORK, its lock held (see _write_refused); its session moves on
-            self.inflight.detach(task.id)
             return
         self._count_finish(task, error, bool(written))
         if alone:
@@ -130,7 +129,7 @@ class Completer:
     def release(self, task: Task, wake: bool = True) -> None:
         """The task ended here: the next claim pass, which ``wake`` runs now, has room for another
         of its group."""
-        self.inflight.pop(task.id, None)
+        self.inflight.end(task.id)
         self.cohort.discard(task.id)
         if wake:
             self.life.wake.set()
@@ -503,6 +502,3 @@ class PassBatch:
     def untaken(self) -> list[Connection]:
         """The offered sessions no claimed task took: idle, their finishes written."""
         return [session for _, session in self.offers.values()]
-
-    def offered_tasks(self) -> list[Task]:
-        return [finished for finished, _ in self.offers.values()]

@@ -63,7 +63,7 @@ class Runner:
 
     def dispatch(self, task: Task, session: Session | None = None) -> None:
         """Run a claimed task; ``session``: the one the claim started it on (see "claim" in queries.sql)."""
-        self.inflight[task.id] = (task, None)
+        self.inflight.add(task)
         target = (RemoteTarget(self.parts, self.remote_facts, self.server) if task.remote is not None
                   else LocalTarget(self.parts, self.completer, session))
         t = asyncio.create_task(self.execute(task, target), name=f"task {task.id}")
@@ -80,7 +80,7 @@ class Runner:
                 except Ends as end:  # the task ends, or goes back to PLAN, without a connection
                     await self.end(task, end)
                     return
-                self.inflight[task.id] = (task, conn)
+                self.inflight.add(task, conn)
                 try:
                     async with Held(self.options.inputs, task, self.read_input) as held:
                         output, error = await target.run(
@@ -99,6 +99,7 @@ class Runner:
                     await target.drop()
                     await self.failed_in_service(task, exc)
                     return
+                self.inflight.detach(task.id)  # its input is over: a STOP now cancels nothing on conn
                 chain.done += 1
                 finished, more = task, target.finishing(task, chain, held.large)
                 try:
@@ -139,7 +140,7 @@ class Runner:
                         return None
                     nxt = await self.control.next_of_group(task, chain.max, chain.done, chain.born)
                     if nxt is not None:  # in flight while the lock is held: claim passes count it for their room
-                        self.inflight[nxt.id] = (nxt, None)
+                        self.inflight.add(nxt)
                     return nxt
             await finishing
             return None

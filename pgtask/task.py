@@ -126,12 +126,21 @@ class FinishWrite(Write):
 
 class InFlight(dict):
     """The tasks running here: task id -> (task, the connection its input runs on, or None while
-    nothing of it can be cancelled there)."""
+    nothing of it can be cancelled there). The runner adds and detaches them; the completer ends
+    them, once their finish is written (or lost)."""
+
+    def add(self, task: Task, conn=None) -> None:
+        """``task`` runs here: claimed, or its input about to run on ``conn``."""
+        self[task.id] = (task, conn)
 
     def detach(self, task_id: int) -> None:
         """Nothing of the task runs on its connection any more (its input is over)."""
         if (entry := self.get(task_id)) is not None:
             self[task_id] = (entry[0], None)
+
+    def end(self, task_id: int) -> None:
+        """The task ended here: its group has room for another."""
+        self.pop(task_id, None)
 
 
 @dataclass
