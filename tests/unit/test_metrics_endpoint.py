@@ -1,0 +1,34 @@
+"""The metrics endpoint's listening socket: IPv4 and IPv6 addresses of metrics_listen."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from pgtask.metrics import Endpoint
+
+
+def free_port(family: int, host: str) -> int:
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("family, host, url_host", [(socket.AF_INET, "127.0.0.1", "127.0.0.1"),
+                                                     (socket.AF_INET6, "::1", "[::1]")])
+def test_the_endpoint_serves_on_the_address_family_of_its_host(family, host, url_host):
+    registry = CollectorRegistry()
+    Counter("pgtask_probe", "a sample to find", registry=registry).inc()
+    port = free_port(family, host)
+    endpoint = Endpoint(f"{url_host}:{port}", registry, lambda: [])
+    endpoint.start()
+    try:
+        with urllib.request.urlopen(f"http://{url_host}:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"http://{url_host}:{port}/metrics", timeout=5) as resp:
+            assert "pgtask_probe_total 1.0" in resp.read().decode()
+    finally:
+        endpoint.stop()
