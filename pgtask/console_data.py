@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 
 from . import names, status
 from . import sql as named
+from .sql import placeholders
 
 STATES = ("PLAN", "WAIT", "TAKE", "WORK", "DONE", "FAIL", "GONE", "STOP")
 TASK_VERBS = ("retry", "cancel", "delete")
@@ -94,9 +95,9 @@ def connect(target: Target, timeout: str) -> psycopg.Connection:
 
 
 def statement(target: Target, name: str, fn: str | None = None) -> sql.Composed:
-    table = sql.Identifier(target.schema, target.table)
     fn_id = sql.Identifier(target.schema, names.beside(target.table, fn)) if fn else sql.SQL("")
-    return sql.SQL(named.query("console.sql", name)).format(table=table, fn=fn_id)
+    return placeholders.render(named.query("console.sql", name), target.schema, target.table,
+                               extra={"fn": fn_id})
 
 
 def groups_with_flow(conn: psycopg.Connection, schema: str, table: str, since: str) -> list[dict]:

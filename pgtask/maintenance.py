@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 from . import sql as named
 from .cron import Cron, CronError
 from .names import table_names
+from .sql import placeholders
 
 log = logging.getLogger("pgtask.maintenance")
 
@@ -58,12 +59,14 @@ class MaintenanceOptions:
 
 class _Queries:
     def __init__(self, schema: str, table: str):
+        self.schema, self.table = schema, table
         self.ids = table_names(schema, table)
         self._cache: dict[str, sql.Composed] = {}
 
     def __call__(self, name: str) -> sql.Composed:
         if name not in self._cache:
-            self._cache[name] = sql.SQL(named.query("maintenance.sql", name)).format(**self.ids)
+            self._cache[name] = placeholders.render(named.query("maintenance.sql", name), self.schema,
+                                                    self.table, extra=self.ids)
         return self._cache[name]
 
 

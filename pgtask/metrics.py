@@ -34,7 +34,8 @@ from psycopg.conninfo import make_conninfo
 
 from . import sql as named
 from .config import ConfigError, Entry, parse_listen
-from .names import beside, table_names
+from .names import table_names
+from .sql import placeholders
 
 log = logging.getLogger("pgtask.metrics")
 
@@ -229,12 +230,10 @@ class TableStats:
         texts = dict(named.queries("metrics.sql"))  # a copy: the parsed file is shared
         estimate = texts.pop("ended_estimate")
         del texts["read_settings"]  # the connection's (READ_SETTINGS), run once at connect
-        # the run log of the scheduled maintenance notebook (pgtask/notebook_run.py)
-        maintenance = sql.Identifier(entry.schema, beside(entry.table, "maintenance_run"))
-        self.queries = {name: sql.SQL(text).format(table=names["table"], schedule=names["schedule"],
-                                                   maintenance=maintenance)
+        self.queries = {name: placeholders.render(text, entry.schema, entry.table, extra=names)
                         for name, text in texts.items()}
-        self.estimates = {state: sql.SQL(estimate).format(table=names["table"], state=sql.Literal(state))
+        self.estimates = {state: placeholders.render(estimate, entry.schema, entry.table,
+                                                     extra={"finished": sql.Literal(state)})
                           for state in FINISHED}
         # executor sessions' application_name: "pg_task <schema> <table> <group>" (connect.group_settings)
         self.session_prefix = f"pg_task {entry.schema} {entry.table} "

@@ -28,11 +28,13 @@ import psycopg
 from psycopg import sql
 
 from pgtask import sql as named
-from pgtask.names import beside
+from pgtask.sql import placeholders
 
-def run_log(schema: str, table: str) -> sql.Identifier:
-    """The entry's run log of maintenance runs, beside its task table."""
-    return sql.Identifier(schema, beside(table, "maintenance_run"))
+
+def run_log(name: str, schema: str, table: str) -> sql.Composed:
+    """A statement of sql/maintenance_run.sql on the entry's run log of maintenance runs, beside its
+    task table."""
+    return placeholders.render(named.query("maintenance_run.sql", name), schema, table)
 
 
 def summary(executed: Path) -> str:
@@ -100,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = verdict.startswith("OK")
     with psycopg.connect(params["dsn"], autocommit=True,
                          application_name=f"pgtask maintenance {params['schema']} {params['table']}") as conn:
-        log = run_log(params["schema"], params["table"])
-        conn.execute(sql.SQL(named.query("maintenance_run.sql", "create")).format(log=log))
-        conn.execute(sql.SQL(named.query("maintenance_run.sql", "insert")).format(log=log),
+        conn.execute(run_log("create", params["schema"], params["table"]))
+        conn.execute(run_log("insert", params["schema"], params["table"]),
                      {"started": started, "ok": ok, "summary": verdict,
                       "period": period_seconds(spec.get("schedule") or ""), "host": socket.gethostname(),
                       "run_dir": str(run_dir)})

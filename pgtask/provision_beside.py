@@ -37,20 +37,19 @@ class BesideTables:
         self.ctx = ctx
 
     def ids(self, oid: int) -> dict:
-        """The placeholders of schedule.sql: the task table's, the tables beside it and the view by
-        kind, the table as a literal for ::regclass, its NOTIFY channel."""
+        """The placeholders of schedule.sql besides the table's own (sql/placeholders.py): the task
+        table's ids, the tables beside it and the view by kind, its NOTIFY channel."""
         ctx = self.ctx
         return {**ctx.ids, **{kind: sql.Identifier(ctx.schema, beside(ctx.table, suffix))
                               for kind, suffix in {**EXTRA_TABLES, "open": OPEN_VIEW}.items()},
-                "regclass": sql.Literal(ctx.name_literal()), "channel": sql.Literal(channel(oid)),
-                "admin": sql.Literal(admin_role(ctx.table))}
+                "channel": sql.Literal(channel(oid)), "admin": sql.Literal(admin_role(ctx.table))}
 
     async def objects(self, ids: dict, oid: int) -> None:
         """<table>_schedule, _occurrence, _key, _group, _service; <table>_enqueue(),
         <table>_schedule_next(); the capacity trigger on the task table; the view <table>_open and
         the row-level security of _key and _schedule. ``ids``: see ids."""
         def q(name: str, **extra) -> sql.Composed:
-            return sql.SQL(named.query("schedule.sql", name)).format(**ids, **extra)
+            return self.ctx.q("schedule.sql", name, **ids, **extra)
 
         await self.tables(ids, q)
         await self.group_columns(q, "paused", "groups_flow", "paused, rate and burst")
@@ -171,7 +170,7 @@ class BesideTables:
         ids = {kind: sql.Identifier(ctx.schema, liveness_table(ctx.table, kind)) for kind in LIVENESS_TABLES}
 
         def q(name: str, **extra) -> sql.Composed:
-            return sql.SQL(named.query("liveness.sql", name)).format(**ids, **extra)
+            return ctx.q("liveness.sql", name, **ids, **extra)
 
         created = False
         for kind in LIVENESS_TABLES:

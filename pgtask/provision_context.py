@@ -12,6 +12,7 @@ from psycopg import sql
 
 from . import sql as named
 from .names import beside
+from .sql import placeholders
 
 
 @dataclass
@@ -56,9 +57,7 @@ class TableContext:
         self.conn, self.schema, self.table, self.report = conn, schema, table, report
         self.owner, self.service = owner, service
         self.ids = {
-            "schema": sql.Identifier(schema),
-            "table": sql.Identifier(schema, table),
-            "state": sql.Identifier(schema, "state"),
+            **{name: placeholders.value(name, schema, table) for name in ("schema", "table", "state")},
             # the roles the service runs as for this table (see "update" in triggers.sql)
             "service": sql.Identifier(schema, beside(table, "service")),
             # whether a role writes for the service (is_service in schedule.sql): every guard asks it
@@ -68,8 +67,11 @@ class TableContext:
         }
         self.name = f"{schema}.{table}"
 
-    def q(self, file: str, name: str, **extra) -> sql.Composed:
-        return sql.SQL(named.query(file, name)).format(**self.ids, **extra)
+    def q(self, file: str, name: str, **extra: sql.Composable) -> sql.Composed:
+        """A named statement for this table: the table's placeholders (sql/placeholders.py), ids
+        and ``extra``."""
+        return placeholders.render(named.query(file, name), self.schema, self.table,
+                                   extra={**self.ids, **extra})
 
     def name_literal(self) -> str:
         return sql.Identifier(self.schema, self.table).as_string(None)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from . import sql as named
 from .names import admin_role, beside
 from .provision_context import TableContext, change, look_up
 
@@ -31,7 +30,7 @@ class Verbs:
         return {**ids, "admin": sql.Literal(admin_role(ctx.table))}
 
     async def objects(self, ids: dict) -> None:
-        """Every function and procedure; ``ids``: BesideTables.ids (the table, groups, regclass)."""
+        """Every function and procedure; ``ids``: BesideTables.ids (the table, groups, ...)."""
         ph = self.placeholders(ids)
         for suffix, query_name in FUNCTIONS.items():
             await self.routine(suffix, query_name, ph)
@@ -44,7 +43,7 @@ class Verbs:
         ctx, c = self.ctx, self.ctx.conn
         fn_name = beside(ctx.table, suffix)
         fn = sql.Identifier(ctx.schema, fn_name)
-        create = sql.SQL(named.query("verbs.sql", query_name)).format(**ph, fn=fn)
+        create = ctx.q("verbs.sql", query_name, **ph, fn=fn)
         body = create.as_string(c).split("$body$")[1]
         row = await ctx.one(look_up("function_body"), (ctx.schema, fn_name))
         if row is not None and row[0] == body:

@@ -11,9 +11,10 @@ import psycopg
 from psycopg import errors, pq, sql
 from psycopg.adapt import PyFormat, Transformer
 
-from . import names, wire
+from . import wire
 from . import sql as named
 from .inputs import INLINE
+from .sql import placeholders
 from .task import FinishWrite, Task
 
 # An input larger than inputs.INLINE is left out (octet_length reads a TOASTed value's size without
@@ -134,16 +135,10 @@ def matched(results: list[pq.abc.PGresult]) -> set[tuple[str, int]]:
 def render_query(name: str, schema: str, table: str, copy_columns: str = "") -> str:
     """The named query of queries.sql for the task table ``schema``.``table``; ``copy_columns``: the
     columns a repeat copies (see "columns")."""
-    ident = sql.Identifier(schema, table)
     cols_t = ", ".join(f"t.{c.strip()}" for c in copy_columns.split(",")) if copy_columns else ""
-    beside = {f"rel_{kind}": sql.Identifier(schema, names.liveness_table(table, kind))
-              for kind in names.LIVENESS_TABLES}
-    beside["rel_groups"] = sql.Identifier(schema, names.extra_table(table, "groups"))
-    return sql.SQL(named.query("queries.sql", name)).format(
-        table=ident, regclass=sql.Literal(ident.as_string(None)), task_columns=sql.SQL(TASK_COLUMNS),
-        state=sql.Identifier(schema, "state"), **beside,
-        copy_columns=sql.SQL(copy_columns), copy_columns_t=sql.SQL(cols_t),
-    ).as_string(None)
+    return placeholders.render(named.query("queries.sql", name), schema, table, extra={
+        "task_columns": sql.SQL(TASK_COLUMNS), "copy_columns": sql.SQL(copy_columns),
+        "copy_columns_t": sql.SQL(cols_t)}).as_string(None)
 
 
 def numbered(text: str, params: tuple[str, ...]) -> str:

@@ -14,20 +14,16 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from . import config as cfgmod
-from . import names
 from . import sql as named
 from .readable import count, duration, missing, percent, plural, rate, table
+from .sql import placeholders
 
 # -- the queries -----------------------------------------------------------------------------------
 
 
 def statement(name: str, schema: str, table_name: str) -> sql.Composed:
     """A query of sql/status.sql for the task table ``schema``.``table_name``."""
-    return sql.SQL(named.query("status.sql", name)).format(
-        table=sql.Identifier(schema, table_name),
-        rel_groups=sql.Identifier(schema, names.extra_table(table_name, "groups")),
-        rel_instance=sql.Identifier(schema, names.liveness_table(table_name, "instance")),
-        schema_name=sql.Literal(schema), table_name=sql.Literal(table_name))
+    return placeholders.render(named.query("status.sql", name), schema, table_name)
 
 
 def fetch(conn: psycopg.Connection, name: str, schema: str, table_name: str, params: dict | None = None) -> list[dict]:

@@ -43,9 +43,9 @@ def test_the_plain_claim_is_the_claim_without_the_group_table_but_for_its_guard(
     claim, plain = query("queries.sql", "claim"), query("queries.sql", "claim_plain")
     for part in ("flow", "spend", "flow_allows"):
         assert query("queries.sql", part) in claim and query("queries.sql", part) not in plain
-    assert plain.count("{rel_groups}") == 1 and query("queries.sql", "unlimited") in plain
+    assert plain.count("{rel_group}") == 1 and query("queries.sql", "unlimited") in plain
     assert query("queries.sql", "next_token") in query("queries.sql", "next")
-    assert "{rel_groups}" not in query("queries.sql", "next_plain").replace(query("queries.sql", "limited"), "")
+    assert "{rel_group}" not in query("queries.sql", "next_plain").replace(query("queries.sql", "limited"), "")
 
 
 def test_the_purge_and_its_preview_share_one_predicate():

@@ -12,8 +12,10 @@ Each pattern's SQL lives in ``<pattern>.sql`` beside this file, in sections head
 ``task NAME``       a repeating task inserted once (its input is ``query NAME_input``… see partition.sql)
 ``query NAME``      not installed: SQL for callers (``query(pattern, name, schema, table)``)
 
-Every object is named after the table (``task_retry_backoff``, ``task_archive``, …) and lives in its
-schema. Placeholders, filled in with quoted identifiers and literals:
+Every object is named after the table (``task_retry_backoff``, ``task_archive``, …: names.beside)
+and lives in its schema. The SQL is written in the service's one dialect (pgtask/sql/placeholders.py):
+psycopg's ``sql.SQL(text).format(...)``, so a literal brace is written ``{{`` or ``}}``, and a
+placeholder means what it means in the service's SQL, filled in with quoted identifiers and literals:
 
 ``{schema}`` ``{table}`` ``{state}``   the schema, ``schema.table``, ``schema.state``
 ``{fn_X}`` ``{rel_X}``                 ``schema."table_X"`` (a function, a relation)
@@ -22,6 +24,9 @@ schema. Placeholders, filled in with quoted identifiers and literals:
 ``{schema_name}`` ``{table_name}``     the names as text literals
 ``{regclass}``                         ``'schema.table'`` as a text literal (for ``::regclass``)
 ``{opt_X}``                            the pattern option X as a literal
+
+A section may use a caller's own placeholders too (``extra``): a task's ``{input}`` and
+``{marker}``, the retried ``{work}``, the inspection queries' ``{source}``.
 
 ``install()`` checks the catalogs before every step and returns what it changed: a second run
 changes nothing and returns an empty report. ``uninstall()`` undoes it.
@@ -42,6 +47,7 @@ from psycopg import sql
 from .. import sql as service_sql
 from ..names import beside
 from ..provision import Report
+from ..sql import placeholders
 
 __all__ = [
     "PATTERNS",
@@ -50,7 +56,6 @@ __all__ = [
     "install",
     "installed",
     "marker",
-    "names",
     "query",
     "render",
     "retry_until_success_input",
@@ -60,7 +65,6 @@ __all__ = [
 
 KINDS = ("column", "function", "trigger", "index", "table", "sync", "task", "query")
 _HEADER = re.compile(r"^-- (" + "|".join(KINDS) + r") ([a-z_]+) --$", re.MULTILINE)
-_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,6 @@ def options(pattern: str, table: str, given: dict | None = None) -> dict[str, ob
     return opts
 
 
-def names(table: str, suffix: str) -> str:
-    """The name of a pattern object: the table's name, an underscore, the suffix (63 bytes at most)."""
-    return beside(table, suffix)
-
-
 def marker(pattern: str, schema: str, table: str, name: str) -> str:
     """The ``data`` of a task a pattern inserts, to find it again."""
     return f"pgtask.patterns {pattern} {name} {schema}.{table}"
@@ -158,45 +157,10 @@ def marker(pattern: str, schema: str, table: str, name: str) -> str:
 
 def render(text: str, schema: str, table: str, opts: dict | None = None, extra: dict | None = None,
            conn: psycopg.Connection | None = None) -> str:
-    """Fill in the placeholders of one section (see the module docstring)."""
-    opts, extra = opts or {}, extra or {}
-
-    def ident(*parts: str) -> str:
-        return sql.Identifier(*parts).as_string(conn)
-
-    def literal(value) -> str:
-        return sql.Literal(value).as_string(conn)
-
-    def one(m: re.Match) -> str:
-        key = m.group(1)
-        if key in extra:
-            return extra[key]
-        if key == "schema":
-            return ident(schema)
-        if key == "table":
-            return ident(schema, table)
-        if key == "state":
-            return ident(schema, "state")
-        if key == "regclass":
-            return literal(ident(schema, table))
-        if key == "schema_name":
-            return literal(schema)
-        if key == "table_name":
-            return literal(table)
-        prefix, _, rest = key.partition("_")
-        if prefix in ("fn", "rel") and rest:
-            return ident(schema, names(table, rest))
-        if prefix == "name" and rest:
-            return ident(names(table, rest))
-        if prefix == "q" and rest:
-            return literal(ident(schema, names(table, rest)))
-        if prefix == "lit" and rest:
-            return literal(names(table, rest))
-        if prefix == "opt" and rest in opts:
-            return literal(opts[rest])
-        raise KeyError(f"unknown placeholder {{{key}}}")
-
-    return _PLACEHOLDER.sub(one, text)
+    """Fill in the placeholders of one section (see the module docstring); ``extra``: the caller's
+    own placeholders, as ``sql.Composable`` or as SQL text."""
+    given = {k: sql.SQL(v) if isinstance(v, str) else v for k, v in (extra or {}).items()}
+    return placeholders.render(text, schema, table, opts or {}, given).as_string(conn)
 
 
 # Queries a notebook runs that are exactly what the service does itself: (file, name) in pgtask/sql.
@@ -234,9 +198,9 @@ def script(pattern: str, schema: str = "public", table: str = "task", **opts) ->
             continue
         extra = {}
         if s.kind == "task":
-            extra = {"input": sql.Literal(query(pattern, f"{s.name}_input", schema, table, **opts)).as_string(None),
-                     "marker": sql.Literal(marker(pattern, schema, table, s.name)).as_string(None)}
-        out.append(f"-- {s.kind} {names(table, s.name) if s.kind != 'column' else s.name}\n"
+            extra = {"input": sql.Literal(query(pattern, f"{s.name}_input", schema, table, **opts)),
+                     "marker": sql.Literal(marker(pattern, schema, table, s.name))}
+        out.append(f"-- {s.kind} {beside(table, s.name) if s.kind != 'column' else s.name}\n"
                    + render(s.text, schema, table, o, extra) + ";")
     return "\n\n".join(out)
 
@@ -295,7 +259,7 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
         raise LookupError(f"no table {schema}.{table}: start pgtask (or run `pgtask provision`) first")
     qualified = f"{schema}.{table}"
     for s in sections(pattern):
-        obj = names(table, s.name)
+        obj = beside(table, s.name)
         if s.kind == "query":
             continue
         if s.kind == "column":
@@ -328,8 +292,7 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
             task_input = query(pattern, f"{s.name}_input", schema, table,
                                **{k: v for k, v in opts.items() if k in PATTERNS[pattern].options})
             ins = render(s.text, schema, table, opts, extra={
-                "input": sql.Literal(task_input).as_string(conn), "marker": sql.Literal(mark).as_string(conn)},
-                conn=conn)
+                "input": sql.Literal(task_input), "marker": sql.Literal(mark)}, conn=conn)
             live = conn.execute(sql.SQL("""SELECT "id", "state"::text, "input", "repeat" = {}::interval FROM {}
                 WHERE "data" = %s AND "state" IN ('PLAN', 'TAKE', 'WORK') ORDER BY "id" """).format(
                 sql.Literal(opts.get("repeat")), sql.Identifier(schema, table)), (mark,)).fetchall()
@@ -376,7 +339,7 @@ def install(conn: psycopg.Connection, pattern: str, schema: str = "public", tabl
         # columns this pattern added to the task table go to an archive installed before it too
         for s in sections("archive"):
             if s.kind == "sync":
-                _sync(conn, schema, _relation_oid(conn, schema, table), names(table, s.name), report)
+                _sync(conn, schema, _relation_oid(conn, schema, table), beside(table, s.name), report)
     return report
 
 
@@ -386,7 +349,7 @@ def installed(conn: psycopg.Connection, pattern: str, schema: str = "public", ta
     if table_oid is None:
         return False
     for s in sections(pattern):
-        obj = names(table, s.name)
+        obj = beside(table, s.name)
         if s.kind == "column" and s.name not in _columns(conn, table_oid):
             return False
         if s.kind in ("table", "index") and _relation_oid(conn, schema, obj) is None:
@@ -408,7 +371,7 @@ def uninstall(conn: psycopg.Connection, pattern: str, schema: str = "public", ta
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask patterns {schema}.{table}",))
         for s in reversed(sections(pattern)):
-            obj = names(table, s.name)
+            obj = beside(table, s.name)
             if s.kind == "task" and table_oid is not None:
                 cur = conn.execute(sql.SQL("""UPDATE {} SET "state" = 'STOP'
                     WHERE "data" = %s AND "state" IN ('PLAN', 'WORK') RETURNING "id" """).format(

@@ -8,7 +8,7 @@
 CREATE OR REPLACE FUNCTION {fn_cron_field}(spec text, lo integer, hi integer) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
-    part text; rng text; step integer; a integer; b integer; result integer[] := '{}';
+    part text; rng text; step integer; a integer; b integer; result integer[] := '{{}}';
 BEGIN
     FOREACH part IN ARRAY string_to_array(spec, ',') LOOP
         IF part LIKE '%/%' THEN

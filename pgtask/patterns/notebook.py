@@ -17,6 +17,7 @@ from psycopg.types.datetime import TimestamptzLoader
 
 from .. import config, readable, status
 from ..cluster import Cluster
+from ..names import beside
 from ..provision import Report
 from . import query
 
@@ -226,7 +227,7 @@ def source(conn: psycopg.Connection, schema: str, table: str, include_archive: b
     """The task table, or the task table UNION ALL its archive (the archive pattern), as SQL text:
     the common columns of both, for the inspection queries over finished tasks."""
     t = sql.Identifier(schema, table).as_string(conn)
-    archive = f"{table}_archive"
+    archive = beside(table, "archive")
     row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'""", (schema, archive)).fetchone()
     if not include_archive or row is None:

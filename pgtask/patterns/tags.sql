@@ -2,7 +2,7 @@
 -- Query with: SELECT * FROM {table} WHERE "meta" @> '{"tenant": "acme"}'
 
 -- column meta --
-ALTER TABLE {table} ADD COLUMN "meta" jsonb NOT NULL DEFAULT '{}'
+ALTER TABLE {table} ADD COLUMN "meta" jsonb NOT NULL DEFAULT '{{}}'
 
 -- index meta_gin --
 CREATE INDEX {name_meta_gin} ON {table} USING gin ("meta" jsonb_path_ops)

@@ -8,11 +8,11 @@ from importlib import resources
 
 _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 # {@name}, {@file.sql:name}: the text of the query ``name`` (of this file, or of another one here)
-# goes there -- a part several queries share, written once -- before any renderer sees the text:
-# the service's (psycopg.sql) and the notebooks' (pgtask.patterns.render) fill in the same
-# placeholders in the whole. {@name a=b c=d}: a variant of ``name`` (of this file) -- wherever it,
-# or a part within it, includes ``a``, ``b`` goes there instead: a statement and its variant are
-# written once.
+# goes there -- a part several queries share, written once -- before the text is rendered: the
+# service and the notebooks (pgtask.patterns.render) fill in the same placeholders in the whole,
+# one dialect (placeholders.py). {@name a=b c=d}: a variant of ``name`` (of this file) -- wherever
+# it, or a part within it, includes ``a``, ``b`` goes there instead: a statement and its variant
+# are written once.
 INCLUDE = re.compile(r"\{@(?:([a-z_]+\.sql):)?([a-z_]+)((?: [a-z_]+=[a-z_]+)*)\}")
 
 

@@ -27,9 +27,9 @@ SELECT "group", 'WAIT', count(*) FROM {table} WHERE "wait" > 0 AND "state"::text
 SELECT "state"::text, count(*) FROM {table} WHERE "state" IN ('DONE', 'FAIL', 'GONE', 'STOP') GROUP BY 1
 
 -- ended_estimate --
--- The planner's estimate of the rows in one finished state ({state}, a literal): the table's
+-- The planner's estimate of the rows in one finished state ({finished}, a literal): the table's
 -- statistics scaled to its current size; no row is read.
-EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE "state" = {state}
+EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE "state" = {finished}
 
 -- sessions --
 -- Executor sessions of this table, of every instance of the service, by the role they run as
@@ -48,5 +48,5 @@ FROM {schedule} WHERE NOT "paused" AND "next_run" IS NOT NULL
 -- with its first): when the last successful one ended (0: none yet) and the period of the latest
 -- one's schedule (seconds; NULL: unknown). No row while nothing ran.
 SELECT coalesce(extract(epoch FROM max("finished") FILTER (WHERE "ok")), 0)::float8,
-       (SELECT "period" FROM {maintenance} ORDER BY "id" DESC LIMIT 1)
-FROM {maintenance} HAVING count(*) > 0
+       (SELECT "period" FROM {rel_maintenance_run} ORDER BY "id" DESC LIMIT 1)
+FROM {rel_maintenance_run} HAVING count(*) > 0

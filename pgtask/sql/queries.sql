@@ -136,10 +136,10 @@ RETURNING {task_columns}, m.pid AS session_pid
 -- this pass, and no other group's claim waits for it.
 SELECT g."group" AS g,
        CASE WHEN g."paused" OR h."group" IS NULL THEN 0 ELSE floor(h.avail) END AS allow, h.avail
-FROM {rel_groups} g LEFT JOIN (
+FROM {rel_group} g LEFT JOIN (
     SELECT b."group", least(b."burst", b."tokens"::numeric + b."rate" * greatest(
                extract(epoch FROM statement_timestamp() - b."refilled"), 0)) AS avail
-    FROM {rel_groups} b WHERE b."rate" IS NOT NULL AND NOT b."paused"
+    FROM {rel_group} b WHERE b."rate" IS NOT NULL AND NOT b."paused"
     FOR NO KEY UPDATE OF b SKIP LOCKED) h ON h."group" = g."group"
 WHERE g."paused" OR g."rate" IS NOT NULL
 
@@ -149,13 +149,13 @@ WHERE g."paused" OR g."rate" IS NOT NULL
 
 -- spend --
 -- (Part of claim.) The tokens the started tasks took: the bucket as it is now, less them.
-UPDATE {rel_groups} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
+UPDATE {rel_group} g SET "tokens" = (f.avail - c.n)::float8, "refilled" = statement_timestamp()
 FROM (SELECT "group", count(*) AS n FROM chosen GROUP BY 1) c, flow f
 WHERE g."group" = c."group" AND f.g = c."group" AND f.avail IS NOT NULL
 
 -- limited --
 -- (Part of claim_plain and next.) Some group is paused or rate-limited.
-EXISTS (SELECT FROM {rel_groups} g WHERE g."paused" OR g."rate" IS NOT NULL)
+EXISTS (SELECT FROM {rel_group} g WHERE g."paused" OR g."rate" IS NOT NULL)
 
 -- no_flow --
 -- (Part of claim_plain.) No group's flow to join.
@@ -185,7 +185,7 @@ WITH s AS (
                ELSE "count" > %(done)s OR %(born)s::timestamptz + least("live", interval '100000 years')
                     > statement_timestamp() END
       -- a paused or rate-limited group's tasks start through the claim (it keeps the count)
-      AND NOT EXISTS (SELECT FROM {rel_groups} g WHERE g."group" = %(group)s AND (g."paused" OR g."rate" IS NOT NULL))
+      AND NOT EXISTS (SELECT FROM {rel_group} g WHERE g."group" = %(group)s AND (g."paused" OR g."rate" IS NOT NULL))
     ORDER BY "max" DESC, "id" LIMIT 1
     FOR UPDATE OF t SKIP LOCKED
 )
@@ -409,7 +409,7 @@ SELECT least(extract(epoch FROM (SELECT min("plan") FROM {table}
 -- in seconds, not as a time: no refilled and rate a user wrote can overflow a timestamp.
 (SELECT min(x.s) FROM (
      SELECT extract(epoch FROM g."refilled" - statement_timestamp())::float8
-            + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_groups} g
+            + (1 - g."tokens") / g."rate"::float8 AS s FROM {rel_group} g
      WHERE g."rate" IS NOT NULL AND NOT g."paused" AND g."tokens" < 1) x
  WHERE x.s > 0)
 

@@ -1,5 +1,5 @@
 -- What `pgtask status` reads (pgtask/status.py), read only; the queue inspection notebook shows the
--- same. {table}: the task table; {rel_groups}, {rel_instance}: the group and instance tables beside
+-- same. {table}: the task table; {rel_group}, {rel_instance}: the group and instance tables beside
 -- it; {schema_name}, {table_name}: the names as text literals. Every time is the database's:
 -- statement_timestamp().
 
@@ -42,7 +42,7 @@ WITH svc AS (
     -- a paused group's rows wait by design, and a rate-limited group's at its pace: neither is late
     SELECT d."plan", greatest(d."max", 0) + 1 > coalesce(h."n", 0) AND g."group" IS NULL AS "free"
     FROM {table} d LEFT JOIN held h ON h."group" = d."group" AND h."remote" = coalesce(d."remote", '')
-    LEFT JOIN {rel_groups} g ON g."group" = d."group" AND (g."paused" OR g."rate" IS NOT NULL)
+    LEFT JOIN {rel_group} g ON g."group" = d."group" AND (g."paused" OR g."rate" IS NOT NULL)
     WHERE d."state" = 'PLAN' AND d."plan" <= statement_timestamp()
 )
 SELECT (SELECT count(*) FROM svc) AS "services",
@@ -109,7 +109,7 @@ SELECT g."group", g."capacity", g."paused", g."rate"::float8 AS "rate", g."burst
                                          AND t."plan" <= statement_timestamp()) AS "due",
        (SELECT count(*) FROM {table} t WHERE t."wait" > 0 AND t."group" = g."group"
                                          AND t."state"::text = 'WAIT') AS "waiting"
-FROM {rel_groups} g
+FROM {rel_group} g
 ORDER BY g."paused" DESC, g."group"
 
 -- longest --
