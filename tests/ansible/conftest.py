@@ -12,6 +12,7 @@ import pytest
 # modules with names of their own (tests/conftest.py is "conftest" too).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pgtask_nspawn as nspawn
+from pgtask_host import deployer
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,9 @@ def host(rootfs):
         # (no network here), and the role must then not refresh them however old they are
         c.sh("touch -c -d '30 days ago' /var/lib/apt/lists /var/lib/apt/periodic/update-success-stamp")
         yield c
+
+
+@pytest.fixture(scope="module")
+def deploy(host, wheelhouse, tmp_path_factory):
+    """deploy(entries, *args, **extra_vars): the playbook run on the module's host (see pgtask_host)."""
+    return deployer(host, wheelhouse, tmp_path_factory.mktemp("inventory"))

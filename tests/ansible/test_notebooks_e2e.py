@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import pgtask_nspawn
 from pgtask_playbook import wait_for
-from test_e2e import SCRAPE, assert_ok, deploy, psql  # noqa: F401 (deploy: a fixture)
+from pgtask_host import assert_ok, psql, scrape
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -58,10 +58,10 @@ def start_maintenance(host):
 
 
 def maintenance_metric(host) -> dict[str, float]:
-    out = host.sh(f"/opt/pgtask/venv/bin/python -c {shlex.quote(SCRAPE)}", user="pgtask", check=False)
-    if out.returncode != 0:
+    got = scrape(host)
+    if got is None:
         return {}
-    return {name: value for name, labels, value in json.loads(out.stdout)["samples"]
+    return {name: value for name, labels, value in got["samples"]
             if name.startswith("pgtask_maintenance_") and labels.get("data") == "postgres"
             and labels.get("table") == "task"}
 

@@ -398,7 +398,7 @@ def test_restart_check_sees_startup_settings_changed_added_and_removed():
         assert c.rows(sql) == [["1"]]
         conf.write_text("work_mem = '8MB'\n")  # removed: back to the default needs a restart
         assert c.rows(sql) == [["1"]]
-    # and of the configured cluster, not Debian's default one (test_e2e has two)
+    # and of the configured cluster, not Debian's default one (test_e2e_restarts has two)
     assert check["environment"]["PGCLUSTER"] == (
         "{{ pgtask_postgresql_version }}/{{ pgtask_postgresql_cluster }}")
 
