@@ -58,22 +58,21 @@ class Figure(NamedTuple):
 
     key: str
     what: str
-    unit: str
     rate: bool  # higher is better (tasks/s): the growth is base / other, else other / base
     goal: bool  # one of the issue's figures (the rest explain them)
 
 
 FIGURES = (
-    Figure("burst_rate", "16-group burst, tasks/s: empty table / history", "tasks/s", True, True),
-    Figure("burst_control", "  its claim passes' CPU (control backend), us a task", "us", False, False),
-    Figure("claim", "claim transaction (16 groups' backlog), ms: empty / history", "ms", False, True),
-    Figure("groups_rate", "burst, tasks/s: 16 groups / GROUPS groups (16 at once)", "tasks/s", True, True),
-    Figure("groups_control", "  its claim passes' CPU (control backend), us a task", "us", False, False),
-    Figure("groups_claim", "claim transaction, ms: 16 groups / GROUPS groups", "ms", False, True),
-    Figure("metrics_cpu", "a metrics reading, server CPU ms: empty / history", "ms", False, True),
-    Figure("metrics_wall", "  the same, wall ms", "ms", False, False),
-    Figure("status_wall", "pgtask status, wall ms: empty / history", "ms", False, True),
-    Figure("status_cpu", "  the same, its backend's CPU ms", "ms", False, False),
+    Figure("burst_rate", "16-group burst, tasks/s: empty table / history", True, True),
+    Figure("burst_control", "  its claim passes' CPU (control backend), us a task", False, False),
+    Figure("claim", "claim transaction (16 groups' backlog), ms: empty / history", False, True),
+    Figure("groups_rate", "burst, tasks/s: 16 groups / GROUPS groups (16 at once)", True, True),
+    Figure("groups_control", "  its claim passes' CPU (control backend), us a task", False, False),
+    Figure("groups_claim", "claim transaction, ms: 16 groups / GROUPS groups", False, True),
+    Figure("metrics_cpu", "a metrics reading, server CPU ms: empty / history", False, True),
+    Figure("metrics_wall", "  the same, wall ms", False, False),
+    Figure("status_wall", "pgtask status, wall ms: empty / history", False, True),
+    Figure("status_cpu", "  the same, its backend's CPU ms", False, False),
 )
 
 
@@ -187,7 +186,7 @@ class Scale:
 
     def table(self) -> list[str]:
         """One line a figure: both sides' medians, the median growth of the rounds, its spread."""
-        lines = [f"{'measurement':<58}{'base':>12}{'scaled':>12}{'growth':>8}  rounds' growths"]
+        lines = [f"{'measurement':<58}{'base':>12}{'scaled':>12}{'growth':>11}  rounds' growths"]
         for f in FIGURES:
             pairs = self.rounds[f.key]
             growth = [x / y if f.rate else y / x for x, y in pairs]
@@ -195,7 +194,7 @@ class Scale:
             verdict = (" ok" if mid <= GOAL else f" over {GOAL}") if f.goal else ""
             lines.append(f"{f.what.replace('GROUPS', f'{self.args.groups:,}'):<58}"
                          f"{statistics.median(x for x, _ in pairs):>12,.2f}{statistics.median(y for _, y in pairs):>12,.2f}"
-                         f"{mid:>7.2f}x  {min(growth):.2f}-{max(growth):.2f}{verdict}")
+                         f"{mid:>10,.2f}x  {min(growth):,.2f}-{max(growth):,.2f}{verdict}")
         return lines
 
 
