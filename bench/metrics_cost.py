@@ -128,17 +128,21 @@ def explain(conn: psycopg.Connection, stats: TableStats) -> None:
 
 
 def locks(conn: psycopg.Connection, stats: TableStats) -> set[tuple[str, str]]:
-    """The relations each query locks and the modes (kept to the transaction's end to be seen)."""
+    """The relations each query locks and the modes (kept to the transaction's end to be seen); a
+    query of a table this database lacks is skipped, as the reading skips it."""
     conn.execute(READ_SETTINGS)
     seen = set()
     for name, query in stats.queries.items():
         params = {"prefix": stats.session_prefix} if name == "sessions" else None
-        with conn.transaction():
-            conn.execute(query, params).fetchall()
-            seen |= set(conn.execute(
-                "SELECT coalesce(relation::regclass::text, locktype), mode FROM pg_locks "
-                "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory', 'tuple', 'object') "
-                "AND coalesce(relation::regclass::text, '') NOT LIKE 'pg\\_%%'").fetchall())
+        try:
+            with conn.transaction():
+                conn.execute(query, params).fetchall()
+                seen |= set(conn.execute(
+                    "SELECT coalesce(relation::regclass::text, locktype), mode FROM pg_locks "
+                    "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory', 'tuple', 'object') "
+                    "AND coalesce(relation::regclass::text, '') NOT LIKE 'pg\\_%%'").fetchall())
+        except psycopg.errors.UndefinedTable:
+            continue
     conn.execute("RESET ALL")
     return seen
 
