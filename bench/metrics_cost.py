@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 
@@ -42,18 +39,7 @@ from pgtask.queries import render_query
 def fill(conn: psycopg.Connection, finished: int, queued: int, groups: int) -> None:
     """Finished rows as a long-running service leaves them, then the queue and a few running rows."""
     conn.execute("ALTER TABLE task SET (autovacuum_enabled = off)")  # the "loaded" state stays as loaded
-    step = 200_000
-    for first in range(0, finished, step):
-        conn.execute(
-            """INSERT INTO task ("group", plan, start, stop, state, input, output, error)
-               SELECT 'g' || (i %% %(groups)s), now() - interval '1 day' + i * interval '10 ms',
-                      now() - interval '1 day' + i * interval '10 ms' + interval '2 ms',
-                      now() - interval '1 day' + i * interval '10 ms' + interval '5 ms',
-                      CASE WHEN i %% 50 = 0 THEN 'FAIL' ELSE 'DONE' END::state, 'SELECT 1',
-                      CASE WHEN i %% 50 = 0 THEN NULL ELSE '1' END,
-                      CASE WHEN i %% 50 = 0 THEN 'division by zero' END
-               FROM generate_series(%(first)s::int8, %(last)s::int8) i""",
-            {"groups": groups, "first": first + 1, "last": min(first + step, finished)})
+    fill_finished(conn, finished, groups)
     conn.execute(
         """INSERT INTO task ("group", plan, input)
            SELECT 'g' || (i %% %(groups)s),
@@ -64,6 +50,31 @@ def fill(conn: psycopg.Connection, finished: int, queued: int, groups: int) -> N
                     SELECT 'g' || i, now(), 'WORK', pg_backend_pid(), now(), 'SELECT pg_sleep(60)'
                     FROM generate_series(1, 16) i""")
     conn.execute("ANALYZE task")
+
+
+def fill_finished(conn: psycopg.Connection, finished: int, groups: int) -> None:
+    """``finished`` rows as a long-running service leaves them (DONE, every 50th FAIL) in ``groups``
+    groups, written in steps of 200,000 (one statement for millions of rows holds all of them in
+    one transaction's memory and WAL). A row every 10 ms from a day ago, closer together when more
+    than a day's worth: none ends in the future."""
+    step, spacing = 200_000, min(10.0, 86_000_000 / max(finished, 1))
+    for first in range(0, finished, step):
+        conn.execute(
+            """INSERT INTO task ("group", plan, start, stop, state, input, output, error)
+               SELECT 'g' || (i %% %(groups)s), now() - interval '1 day' + i * %(spacing)s * interval '1 ms',
+                      now() - interval '1 day' + i * %(spacing)s * interval '1 ms' + interval '2 ms',
+                      now() - interval '1 day' + i * %(spacing)s * interval '1 ms' + interval '5 ms',
+                      CASE WHEN i %% 50 = 0 THEN 'FAIL' ELSE 'DONE' END::state, 'SELECT 1',
+                      CASE WHEN i %% 50 = 0 THEN NULL ELSE '1' END,
+                      CASE WHEN i %% 50 = 0 THEN 'division by zero' END
+               FROM generate_series(%(first)s::int8, %(last)s::int8) i""",
+            {"groups": groups, "first": first + 1, "last": min(first + step, finished), "spacing": spacing})
+
+
+def table_stats(bench: Bench, db: str) -> TableStats:
+    """The service's reading of the task table of ``db`` (its defaults: 50 groups by name)."""
+    entry = Entry(data=db, user="postgres", schema="public", table="task", sleep=1000, reset="", run=1, spi=False)
+    return TableStats(bench.cluster.conninfo(db), entry, groups=50, refresh=10)
 
 
 def readings(stats: TableStats, count: int) -> tuple[list[float], list[float]]:
@@ -102,28 +113,36 @@ def fmt(counts: dict[str, float]) -> str:
 
 
 def explain(conn: psycopg.Connection, stats: TableStats) -> None:
-    """Each query's plan and execution time, on the service's settings."""
+    """Each query's plan and execution time, on the service's settings (a query of a table this
+    database lacks is skipped, as the reading skips it)."""
     conn.execute(READ_SETTINGS)
     for name, query in stats.queries.items():
         params = {"prefix": stats.session_prefix} if name == "sessions" else None
-        plan = [row[0] for row in conn.execute(
-            psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + query, params)]
+        try:
+            plan = [row[0] for row in conn.execute(
+                psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + query, params)]
+        except psycopg.errors.UndefinedTable:
+            continue
         print(f"  -- {name}:\n" + "\n".join(f"     {line}" for line in plan))
     conn.execute("RESET ALL")
 
 
 def locks(conn: psycopg.Connection, stats: TableStats) -> set[tuple[str, str]]:
-    """The relations each query locks and the modes (kept to the transaction's end to be seen)."""
+    """The relations each query locks and the modes (kept to the transaction's end to be seen); a
+    query of a table this database lacks is skipped, as the reading skips it."""
     conn.execute(READ_SETTINGS)
     seen = set()
     for name, query in stats.queries.items():
         params = {"prefix": stats.session_prefix} if name == "sessions" else None
-        with conn.transaction():
-            conn.execute(query, params).fetchall()
-            seen |= set(conn.execute(
-                "SELECT coalesce(relation::regclass::text, locktype), mode FROM pg_locks "
-                "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory', 'tuple', 'object') "
-                "AND coalesce(relation::regclass::text, '') NOT LIKE 'pg\\_%%'").fetchall())
+        try:
+            with conn.transaction():
+                conn.execute(query, params).fetchall()
+                seen |= set(conn.execute(
+                    "SELECT coalesce(relation::regclass::text, locktype), mode FROM pg_locks "
+                    "WHERE pid = pg_backend_pid() AND locktype IN ('relation', 'advisory', 'tuple', 'object') "
+                    "AND coalesce(relation::regclass::text, '') NOT LIKE 'pg\\_%%'").fetchall())
+        except psycopg.errors.UndefinedTable:
+            continue
     conn.execute("RESET ALL")
     return seen
 
@@ -163,9 +182,7 @@ def main() -> None:
     bench.start()
     try:
         db = bench.database()
-        entry = Entry(data=db, user="postgres", schema="public", table="task", sleep=1000, reset="", run=1,
-                      spi=False)
-        stats = TableStats(bench.cluster.conninfo(db), entry, groups=50, refresh=10)
+        stats = table_stats(bench, db)
         with bench.connect(db) as conn:
             t = time.monotonic()
             fill(conn, args.finished, args.queued, args.groups)
@@ -211,11 +228,7 @@ def main() -> None:
             print(f"claim transaction (median of 200): alone {alone:.2f} ms; with readings back to back "
                   f"beside it {beside:.2f} ms (CPU shared with them), waiting on a lock in {sum(waits)} of "
                   f"{len(waits)} samples")
-        with psycopg.connect(bench.cluster.conninfo(), autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-                   platform.processor())
-        print(f"machine: {os.cpu_count()} CPUs ({cpu}), {platform.platform()}, PostgreSQL {version}")
+        print(bench.machine())
     finally:
         bench.close()
 

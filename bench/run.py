@@ -386,8 +386,9 @@ class Bench:
             proc.kill()
             proc.wait()
 
-    def wait_done(self, conn: psycopg.Connection, n: int, timeout: float) -> None:
-        """Until no task is left to run, then check that n are done (DONE/FAIL/GONE). The waiting
+    def wait_done(self, conn: psycopg.Connection, n: int, timeout: float, after: int = 0) -> None:
+        """Until no task is left to run, then check that n are done (DONE/FAIL/GONE), of the rows
+        whose id is above ``after`` (those finished before are not the burst's). The waiting
         connection asks whether any row is unfinished -- a probe of the state index -- rather than
         counting the finished ones 20 times a second (a scan growing with the burst: 4-5 % of the
         machine's CPU, taken from the service measured; ``conn`` from connect()). The peers are
@@ -397,7 +398,8 @@ class Bench:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"tasks not finished in {timeout}s")
             time.sleep(0.05)
-        done = conn.execute("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL', 'GONE')").fetchone()[0]
+        done = conn.execute("SELECT count(*) FROM task WHERE state IN ('DONE', 'FAIL', 'GONE') AND id > %s",
+                            (after,)).fetchone()[0]
         if done < n:
             raise RuntimeError(f"only {done} of {n} tasks finished, none left to run")
 
@@ -430,43 +432,73 @@ class Bench:
 
     def run_tasks(self, n: int, groups: int, max_: int, body: str, remote: str | None = None,
                   processes: int = 1, warm: int = 0, metrics: bool = False) -> Run:
-        """n tasks inserted at once into a scratch database with its own service; see Run. With
-        ``warm``, the service first runs that many tasks of the same kind: the wall time and the
-        service's CPU are the burst's after them; the server's CPU covers both (its backends' CPU is
-        known when they end). ``metrics``: the service's metrics endpoint on (see service)."""
+        """n tasks inserted at once into a scratch database with its own service (run_burst)."""
         with self.scratch_database() as db:
-            server0, children = self.postmaster_seconds(), self.postmaster_children()
-            proc = self.service(db, processes, metrics)
-            try:
-                with self.connect(db) as conn:
-                    remote_value = remote.replace("DB", db) if remote else None
-                    insert = ('INSERT INTO task ("group", "max", "input", "remote") '
-                              "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
-                              "RETURNING statement_timestamp()")
-                    if warm:
-                        conn.execute(insert, (groups, max_, body, remote_value, warm))
-                        self.wait_done(conn, warm, timeout=300)
-                    controls = [pid for pid, in conn.execute(
-                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name LIKE 'pg\\_work %'")]
-                    cpu0, control0 = tree_cpu_seconds(proc.pid), sum(map(running_seconds, controls))
-                    t0 = conn.execute(insert, (groups, max_, body, remote_value, n)).fetchone()[0]
-                    self.wait_done(conn, n + warm, timeout=300)
-                    control = sum(map(running_seconds, controls)) - control0
-                    wall, fails = conn.execute(
-                        "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE') "
-                        "FROM task", (t0,)).fetchone()
-                    if fails:
-                        err = conn.execute("SELECT error FROM task WHERE state <> 'DONE' LIMIT 1").fetchone()[0]
-                        print(f"  !! {fails} tasks not DONE, e.g. {err}")
-                    own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
-                cpu = tree_cpu_seconds(proc.pid) - cpu0
-                hwm = proc_status(proc.pid, "VmHWM")
-            finally:
-                self.stop(proc)
-            self.wait_children_gone(children)
-            # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
-            return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own, control, n, warm)
+            return self.run_burst(db, n, groups, max_, body, remote, processes, warm, metrics)
+
+    def run_burst(self, db: str, n: int, groups: int, max_: int, body: str, remote: str | None = None,
+                  processes: int = 1, warm: int = 0, metrics: bool = False, config: str = "",
+                  backlog: int = 0) -> Run:
+        """n tasks inserted at once into ``db`` with a service of its own; see Run. ``db`` may hold
+        rows already (bench.scale's history): only the rows inserted here are waited for and timed.
+        With ``warm``, the service first runs that many tasks of the same kind: the wall time and the
+        service's CPU are the burst's after them; the server's CPU covers both (its backends' CPU is
+        known when they end). With ``backlog``, that many more tasks are inserted with the n, and the
+        run times the first n to finish (the rest are still due when it stops: every group keeps
+        some). ``metrics``, ``config``: see service."""
+        server0, children = self.postmaster_seconds(), self.postmaster_children()
+        proc = self.service(db, processes, metrics, config)
+        try:
+            with self.connect(db) as conn:
+                first = conn.execute("SELECT coalesce(max(id), 0) FROM task").fetchone()[0]
+                remote_value = remote.replace("DB", db) if remote else None
+                insert = ('INSERT INTO task ("group", "max", "input", "remote") '
+                          "SELECT 'g' || (i %% %s), %s, %s, %s FROM generate_series(1, %s) i "
+                          "RETURNING statement_timestamp()")
+                if warm:
+                    conn.execute(insert, (groups, max_, body, remote_value, warm))
+                    self.wait_done(conn, warm, timeout=300, after=first)
+                controls = [pid for pid, in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'pg\\_work %'")]
+                cpu0, control0 = tree_cpu_seconds(proc.pid), sum(map(running_seconds, controls))
+                t0 = conn.execute(insert, (groups, max_, body, remote_value, n + backlog)).fetchone()[0]
+                if backlog:
+                    self.wait_finished(conn, n, timeout=600, after=first)
+                else:
+                    self.wait_done(conn, n + warm, timeout=300, after=first)
+                control = sum(map(running_seconds, controls)) - control0
+                wall = self.burst_wall(conn, t0, n + warm, first)
+                own = running_seconds(conn.info.backend_pid)  # this waiting connection's backend
+            cpu = tree_cpu_seconds(proc.pid) - cpu0
+            hwm = proc_status(proc.pid, "VmHWM")
+        finally:
+            self.stop(proc)
+        self.wait_children_gone(children)
+        # Includes the service's backends starting (about 4 ms each here) and any autovacuum.
+        return Run(wall, hwm, cpu, self.postmaster_seconds() - server0 - own, control, n, warm)
+
+    def wait_finished(self, conn: psycopg.Connection, n: int, timeout: float, after: int) -> None:
+        """Until n of the rows whose id is above ``after`` have finished (DONE/FAIL/GONE): a count of
+        the burst's rows, so every 0.1 s rather than wait_done's 0.05."""
+        deadline = time.monotonic() + timeout
+        while conn.execute("SELECT count(*) FROM task WHERE id > %s AND state IN ('DONE', 'FAIL', 'GONE')",
+                           (after,)).fetchone()[0] < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n} tasks not finished in {timeout}s")
+            time.sleep(0.1)
+
+    @staticmethod
+    def burst_wall(conn: psycopg.Connection, t0, n: int, after: int) -> float:
+        """Seconds from ``t0`` to the n-th finish among the rows whose id is above ``after``, both the
+        database's clock; those of them that did not end DONE are reported."""
+        wall, fails, err = conn.execute(
+            "SELECT extract(epoch FROM max(stop) - %s)::float8, count(*) FILTER (WHERE state <> 'DONE'), "
+            "min(error) FROM (SELECT stop, state, error FROM task WHERE id > %s "
+            "AND state IN ('DONE', 'FAIL', 'GONE') ORDER BY stop LIMIT %s) f", (t0, after, n)).fetchone()
+        if fails:
+            print(f"  !! {fails} tasks not DONE, e.g. {err}")
+        return wall
 
     def postmaster_children(self) -> set[int]:
         return children(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
@@ -788,15 +820,19 @@ class Bench:
             add("1,000 remote sleeps, peak RSS MB", f["remote_hwm"], "<= 150", f["remote_hwm"] <= 150)
         return out
 
-    def report(self) -> None:
+    def machine(self) -> str:
+        """The machine, the software and the cluster's settings, on one line."""
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
         with psycopg.connect(self.cluster.conninfo(), autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]
+        return (f"machine: {os.cpu_count()} CPUs ({cpu}), {platform.platform()}, Python {platform.python_version()}, "
+                f"psycopg {psycopg.__version__}, PostgreSQL {version}, synchronous_commit = on, fsync = on, "
+                f"huge_pages = {'on' if self.huge_pages else 'off'}")
+
+    def report(self) -> None:
         print()
-        print(f"machine: {os.cpu_count()} CPUs ({cpu}), {platform.platform()}, Python {platform.python_version()}, "
-              f"psycopg {psycopg.__version__}, PostgreSQL {version}, synchronous_commit = on, fsync = on, "
-              f"huge_pages = {'on' if self.huge_pages else 'off'}")
+        print(self.machine())
         width = max(len(r[0]) for r in self.rows) + 2
         print(f"{'measurement':<{width}}{'figure':>18}  notes")
         for what, figure, note in self.rows:

@@ -153,7 +153,9 @@ def flow_cells(g: dict) -> list[str]:
 
 def report(conn: psycopg.Connection, schema: str, table_name: str, since: str = "1 hour",
            behind_after: float = 60.0, limit: int = 20) -> list[str]:
-    """`pgtask status` for one task table: the verdict first, then the busiest groups."""
+    """`pgtask status` for one task table: the verdict first, then the busiest groups. Sets the
+    connection's settings for it (status.sql, "settings")."""
+    conn.execute(named.query("status.sql", "settings"))
     oid = table_oid(conn, schema, table_name)
     if oid is None:
         return [f"NOT OK: no table {schema}.{table_name} in this database (run `pgtask provision`)"]

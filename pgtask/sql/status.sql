@@ -3,6 +3,12 @@
 -- it; {schema_name}, {table_name}: the names as text literals. Every time is the database's:
 -- statement_timestamp().
 
+-- settings --
+-- The command's connection plans without JIT compilation: the groups query reads every row of the
+-- table, and past some 50,000 rows its cost crosses the server's JIT thresholds; compiling then
+-- took 2.8 s of that query's 3.0 s at a million rows (docs/performance.md, "How the cost grows").
+SET jit = off
+
 -- table_oid --
 -- The task table, when there is one.
 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
