@@ -1,19 +1,20 @@
-"""The notebooks on a host the playbook rolled out (issue 52, items 1, 2 and 4): a booted Debian
-bookworm host (systemd-nspawn, no network: everything comes from the wheelhouse).
+"""The notebooks on a host the playbook rolled out: a booted Debian bookworm host (systemd-nspawn, no
+network: everything comes from the wheelhouse).
 
 In order, on one host: check mode on the fresh host, the first run, the shipped notebooks read-only
 beside a workspace the service account writes in, the headless notebook tools in the venv (no
 JupyterLab), libpq's service file (`psql service=<entry>` as the service account, no password in
 it), the maintenance unit started by hand (an executed notebook and its HTML copy, OK), the metric
 of its last success, a planted NOT OK (a long transaction holding the rows a purge deleted) failing
-the unit, a second run that changes nothing, an entry added and removed again (its timer goes), and
-the passfile (pgtask_pgpass) logging the service account in, gone with its lines.
+the unit.
 
-JupyterLab (item 3) is in every rollout here: its own account and venv, a generated password whose
+JupyterLab is in the rollouts up to there: its own account and venv, a generated password whose
 clear text only root reads, an unauthenticated request refused, and a headless Chromium (Debian's
 /usr/bin/chromium driven by Playwright) reaching it through `ssh -L`, as an operator does, logging in,
-running queue_inspection.ipynb and finding its summary and figure on the page; last, turned off, the
-lab's unit goes.
+running queue_inspection.ipynb and finding its summary and figure on the page, and the console behind
+the lab's password. Then a second run and check mode change nothing, and, turned off, the lab's units
+go. With the lab off: an entry added and removed again (its timer goes), and the passfile
+(pgtask_pgpass) logging the service account in, gone with its lines.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ RUNS = f"/var/lib/pgtask/maintenance/{SERVICE}"
 # which would add a run directory and a run-log row to those the tests count
 SCHEDULE = f"*-*-* *:{(datetime.now(timezone.utc).minute + 30) % 60:02d}:00 UTC"
 VARS = {"pgtask_maintenance_overrides": {SERVICE: {"dry_run": False, "schedule": SCHEDULE}}}
+# the tests after test_turned_off_the_lab_goes: the lab is gone (and their runs skip its tasks)
+VARS_LAB_OFF = {**VARS, "pgtask_lab": False}
 
 
 def run_dirs(host) -> list[str]:
@@ -402,6 +405,22 @@ def test_check_mode_on_the_converged_host(deploy):
     assert assert_ok(run)["changed"] == 0, run.changed_tasks()
 
 
+def test_turned_off_the_lab_goes(host, deploy):
+    """pgtask_lab false: the unit stopped, disabled and removed, with its configuration, password and
+    venv; nothing listens on its port; the rollout after that changes nothing."""
+    assert_ok(deploy(ENTRIES, **VARS_LAB_OFF))
+    assert host.sh("systemctl is-active pgtask-lab", check=False).stdout.strip() in ("inactive", "unknown")
+    assert host.sh("systemctl is-active pgtask-console", check=False).stdout.strip() in ("inactive", "unknown")
+    for path in ("/etc/systemd/system/pgtask-lab.service", "/etc/pgtask/jupyter", "/opt/pgtask/lab-venv",
+                 "/etc/systemd/system/pgtask-console.service", "/etc/pgtask/console"):
+        assert host.sh(f"test -e {path}", check=False).returncode != 0, path
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {LAB_PORT}), 5)"
+    assert host.sh(f"python3 -c {shlex.quote(probe)}", check=False).returncode != 0
+    assert host.sh("systemctl is-active pgtask").stdout.strip() == "active"
+    again = deploy(ENTRIES, **VARS_LAB_OFF)
+    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
+
+
 def timer_files(host) -> list[str]:
     return host.sh("cd /etc/systemd/system && ls -1 pgtask-maintenance@*.timer", check=False).stdout.split()
 
@@ -410,17 +429,17 @@ def test_a_removed_entry_loses_its_timer(host, deploy):
     """An entry added gets a timer and a run's parameters; removed again, both go (the timer stopped
     first), the other entry's stay, and the rollout after that changes nothing."""
     extra = {"data": "app1"}
-    assert_ok(deploy([*ENTRIES, extra], **VARS))
+    assert_ok(deploy([*ENTRIES, extra], **VARS_LAB_OFF))
     assert timer_files(host) == ["pgtask-maintenance@app1.timer", f"{UNIT}.timer"]
     assert host.sh("systemctl is-active pgtask-maintenance@app1.timer").stdout.strip() == "active"
     host.sh("test -f /etc/pgtask/maintenance/app1.json")
-    run = deploy(ENTRIES, **VARS)
+    run = deploy(ENTRIES, **VARS_LAB_OFF)
     assert any("Stop the maintenance timers" in name for name in run.changed_tasks()), run.changed_tasks()
     assert timer_files(host) == [f"{UNIT}.timer"]
     assert host.sh("systemctl is-active pgtask-maintenance@app1.timer", check=False).stdout.strip() == "inactive"
     assert host.sh("test -e /etc/pgtask/maintenance/app1.json", check=False).returncode != 0
     assert host.sh(f"systemctl is-active {UNIT}.timer").stdout.strip() == "active"
-    again = deploy(ENTRIES, **VARS)
+    again = deploy(ENTRIES, **VARS_LAB_OFF)
     assert assert_ok(again)["changed"] == 0, again.changed_tasks()
 
 
@@ -431,28 +450,12 @@ def test_the_passfile_logs_the_service_account_in(host, deploy):
     password = "pa:ss\\word-3f9c1d"
     psql(host, f"CREATE ROLE pw_reader LOGIN PASSWORD '{password}'")
     run = deploy(ENTRIES, pgtask_pgpass=[{"host": "127.0.0.1", "database": "postgres", "user": "pw_reader",
-                                          "password": password}], **VARS)
+                                          "password": password}], **VARS_LAB_OFF)
     assert_ok(run)
     assert password not in run.output and "ss\\\\word" not in run.output
     assert host.sh("stat -c '%a %U' /var/lib/pgtask/.pgpass").stdout.strip() == "600 pgtask"
     login = "psql -XAtqw 'host=127.0.0.1 dbname=postgres user=pw_reader' -c 'SELECT current_user'"
     assert host.sh(login, user="pgtask").stdout.strip() == "pw_reader"
-    assert_ok(deploy(ENTRIES, **VARS))
+    assert_ok(deploy(ENTRIES, **VARS_LAB_OFF))
     assert host.sh("test -e /var/lib/pgtask/.pgpass", check=False).returncode != 0
     assert host.sh(login, user="pgtask", check=False).returncode != 0
-
-
-def test_turned_off_the_lab_goes(host, deploy):
-    """pgtask_lab false: the unit stopped, disabled and removed, with its configuration, password and
-    venv; nothing listens on its port; the rollout after that changes nothing."""
-    assert_ok(deploy(ENTRIES, pgtask_lab=False, **VARS))
-    assert host.sh("systemctl is-active pgtask-lab", check=False).stdout.strip() in ("inactive", "unknown")
-    assert host.sh("systemctl is-active pgtask-console", check=False).stdout.strip() in ("inactive", "unknown")
-    for path in ("/etc/systemd/system/pgtask-lab.service", "/etc/pgtask/jupyter", "/opt/pgtask/lab-venv",
-                 "/etc/systemd/system/pgtask-console.service", "/etc/pgtask/console"):
-        assert host.sh(f"test -e {path}", check=False).returncode != 0, path
-    probe = f"import socket; socket.create_connection(('127.0.0.1', {LAB_PORT}), 5)"
-    assert host.sh(f"python3 -c {shlex.quote(probe)}", check=False).returncode != 0
-    assert host.sh("systemctl is-active pgtask").stdout.strip() == "active"
-    again = deploy(ENTRIES, pgtask_lab=False, **VARS)
-    assert assert_ok(again)["changed"] == 0, again.changed_tasks()
