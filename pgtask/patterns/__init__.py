@@ -29,7 +29,8 @@ A section may use a caller's own placeholders too (``extra``): a task's ``{input
 ``{marker}``, the retried ``{work}``, the inspection queries' ``{source}``.
 
 ``install()`` checks the catalogs before every step and returns what it changed: a second run
-changes nothing and returns an empty report. ``uninstall()`` undoes it.
+changes nothing and returns an empty report. ``uninstall()`` undoes it. Their own statements (the
+catalog reads, the lock, the drops) are named SQL of pgtask/sql/patterns.sql.
 """
 
 from __future__ import annotations
@@ -211,29 +212,32 @@ def _one(conn: psycopg.Connection, query_text, params=()) -> tuple | None:
     return conn.execute(query_text, params).fetchone()
 
 
+def _statement(name: str, schema: str, table: str, **extra: sql.Composable) -> sql.Composed:
+    """The statement ``name`` of sql/patterns.sql for ``schema.table``; ``extra``: its own placeholders."""
+    return placeholders.render(service_sql.query("patterns.sql", name), schema, table, extra=extra)
+
+
 def _relation_oid(conn, schema: str, name: str) -> int | None:
-    row = _one(conn, """SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s""", (schema, name))
+    row = _one(conn, service_sql.query("catalog.sql", "relation"), (schema, name))
     return row[0] if row else None
 
 
 def _functions(conn, schema: str, name: str) -> dict[int, str]:
-    rows = conn.execute("""SELECT p.oid, pg_get_functiondef(p.oid) FROM pg_proc p
-        JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname = %s""",
-                        (schema, name)).fetchall()
-    return dict(rows)
+    return dict(conn.execute(service_sql.query("patterns.sql", "functions"), (schema, name)).fetchall())
 
 
 def _trigger(conn, table_oid: int, name: str) -> str | None:
-    row = _one(conn, "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s AND tgname = %s "
-                     "AND NOT tgisinternal", (table_oid, name))
+    row = _one(conn, service_sql.query("patterns.sql", "trigger"), (table_oid, name))
     return row[0] if row else None
 
 
 def _columns(conn, rel_oid: int) -> dict[str, str]:
-    rows = conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
-        WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum""", (rel_oid,)).fetchall()
-    return dict(rows)
+    return dict(conn.execute(service_sql.query("patterns.sql", "column_types"), (rel_oid,)).fetchall())
+
+
+def _lock(conn: psycopg.Connection, schema: str, table: str) -> None:
+    """Serialise the installers of one table (until the transaction ends)."""
+    conn.execute(service_sql.query("patterns.sql", "lock"), (f"pgtask patterns {schema}.{table}",))
 
 
 def _changes(conn: psycopg.Connection, text: str, state: Callable[[], object], before: object) -> bool:
@@ -293,15 +297,13 @@ def _install_one(conn: psycopg.Connection, pattern: str, schema: str, table: str
                                **{k: v for k, v in opts.items() if k in PATTERNS[pattern].options})
             ins = render(s.text, schema, table, opts, extra={
                 "input": sql.Literal(task_input), "marker": sql.Literal(mark)}, conn=conn)
-            live = conn.execute(sql.SQL("""SELECT "id", "state"::text, "input", "repeat" = {}::interval FROM {}
-                WHERE "data" = %s AND "state" IN ('PLAN', 'TAKE', 'WORK') ORDER BY "id" """).format(
-                sql.Literal(opts.get("repeat")), sql.Identifier(schema, table)), (mark,)).fetchall()
+            live = conn.execute(_statement("live_tasks", schema, table, repeat=sql.Literal(opts.get("repeat"))),
+                                (mark,)).fetchall()
             if any(inp == task_input and same_repeat for _, _, inp, same_repeat in live):
                 continue
             planned = [i for i, state, _, _ in live if state == "PLAN"]
             if planned:  # options changed: the planned occurrence takes the new ones
-                conn.execute(sql.SQL("""UPDATE {} SET "input" = %s, "repeat" = %s::interval
-                    WHERE "id" = ANY(%s)""").format(sql.Identifier(schema, table)),
+                conn.execute(_statement("update_planned", schema, table),
                              (task_input, opts.get("repeat"), planned))
                 report.add(f"updated repeating task {', '.join(map(str, planned))} in {qualified}")
             elif not live:
@@ -317,8 +319,8 @@ def _sync(conn: psycopg.Connection, schema: str, table_oid: int, obj: str, repor
     have = _columns(conn, rel)
     for col, typ in _columns(conn, table_oid).items():
         if col not in have:
-            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                sql.Identifier(schema, obj), sql.Identifier(col), sql.SQL(typ)))
+            conn.execute(_statement("add_column", schema, obj, relation=sql.Identifier(schema, obj),
+                                    column=sql.Identifier(col), type=sql.SQL(typ)))
             report.add(f"added column {col} to {schema}.{obj}")
 
 
@@ -332,7 +334,7 @@ def install(conn: psycopg.Connection, pattern: str, schema: str = "public", tabl
     o = options(pattern, table, opts)
     report = Report()
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask patterns {schema}.{table}",))
+        _lock(conn, schema, table)
         for required in PATTERNS[pattern].requires:
             _install_one(conn, required, schema, table, options(required, table), report)
         _install_one(conn, pattern, schema, table, o, report)
@@ -369,33 +371,30 @@ def uninstall(conn: psycopg.Connection, pattern: str, schema: str = "public", ta
     report = Report()
     table_oid = _relation_oid(conn, schema, table)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtask patterns {schema}.{table}",))
+        _lock(conn, schema, table)
         for s in reversed(sections(pattern)):
             obj = beside(table, s.name)
             if s.kind == "task" and table_oid is not None:
-                cur = conn.execute(sql.SQL("""UPDATE {} SET "state" = 'STOP'
-                    WHERE "data" = %s AND "state" IN ('PLAN', 'WORK') RETURNING "id" """).format(
-                    sql.Identifier(schema, table)), (marker(pattern, schema, table, s.name),))
+                cur = conn.execute(_statement("stop_tasks", schema, table),
+                                   (marker(pattern, schema, table, s.name),))
                 for (task_id,) in cur.fetchall():
                     report.add(f"stopped task {task_id}")
             elif s.kind == "trigger" and table_oid is not None and _trigger(conn, table_oid, obj):
-                conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(obj),
-                                                                      sql.Identifier(schema, table)))
+                conn.execute(_statement("drop_trigger", schema, table, trigger=sql.Identifier(obj)))
                 report.add(f"dropped trigger {obj}")
             elif s.kind == "function":
                 for oid in _functions(conn, schema, obj):
-                    sig = _one(conn, "SELECT %s::regprocedure::text", (oid,))[0]
-                    conn.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(sig)))
+                    sig = _one(conn, service_sql.query("patterns.sql", "signature"), (oid,))[0]
+                    conn.execute(_statement("drop_function", schema, table, signature=sql.SQL(sig)))
                     report.add(f"dropped function {sig}")
             elif s.kind == "index" and _relation_oid(conn, schema, obj) is not None:
-                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, obj)))
+                conn.execute(_statement("drop_index", schema, table, relation=sql.Identifier(schema, obj)))
                 report.add(f"dropped index {schema}.{obj}")
             elif s.kind == "column" and drop_columns and table_oid is not None \
                     and s.name in _columns(conn, table_oid):
-                conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
-                    sql.Identifier(schema, table), sql.Identifier(s.name)))
+                conn.execute(_statement("drop_column", schema, table, column=sql.Identifier(s.name)))
                 report.add(f"dropped column {s.name} of {schema}.{table}")
             elif s.kind == "table" and drop_tables and _relation_oid(conn, schema, obj) is not None:
-                conn.execute(sql.SQL("DROP TABLE {} CASCADE").format(sql.Identifier(schema, obj)))
+                conn.execute(_statement("drop_table", schema, table, relation=sql.Identifier(schema, obj)))
                 report.add(f"dropped table {schema}.{obj}")
     return report
