@@ -161,12 +161,11 @@ class ErrorStyle:
     """The server settings pg_task writes a task's error by, as its server log would write it:
     log_error_verbosity (terse: no DETAIL, HINT, QUERY or CONTEXT; verbose: the SQLSTATE and a
     LOCATION line too) and log_min_error_statement (the STATEMENT line only for errors at least
-    that severe). Read by QUERY on the connection whose settings count: a local task's session,
-    the service's own connection for a remote task (pg_task's worker formats those)."""
+    that severe). Read on the connection whose settings count: a local task's session ("error_style"
+    in sql/session.sql), the service's own connection for a remote task (pg_task's worker formats
+    those: "next" in sql/queries.sql)."""
     verbosity: str = "default"
     min_statement: str = "error"
-
-    QUERY = "SELECT current_setting('log_error_verbosity'), current_setting('log_min_error_statement')"
 
     @classmethod
     def of(cls, row: tuple | None) -> ErrorStyle:

@@ -1,6 +1,8 @@
 """The service's SQL: the named statements of sql/queries.sql rendered for one task table, prepared
 on the connections that run them, and the text of the statements sent as text (the claim pass, the
-count/live claim, the statistics). No other module of the scheduler writes SQL text."""
+count/live claim, the statistics). The other modules of the scheduler load their SQL by name from
+sql/*.sql and write none themselves, but for the short list of exceptions docs/architecture.md
+names (a statement built from a task's values, such as remote.preamble)."""
 
 from __future__ import annotations
 
@@ -28,17 +30,11 @@ TASK_COLUMNS = f"""t."id", t."attempt", t."lease", t."group", t."remote", t."max
     extract(epoch FROM statement_timestamp() - t."plan")::float8 AS waited"""
 
 
-# How the service's own statements on the task table (the control connection's, the writers') are
-# planned: never a sequential scan of the table, nor a bitmap scan (it would read a group's whole
-# backlog, see "claim" in queries.sql), and no JIT (none of them runs long enough to gain from
-# compiling; a plan estimated on a large table would be compiled on every run).
-PLANNER_SETTINGS = "SET enable_seqscan = off; SET enable_bitmapscan = off; SET jit = off"
-# The control connection's: nothing it writes needs to wait for the WAL flush (claims, resets: see
-# claim.Claimer.claim_pass).
-CONTROL_SETTINGS = f"{PLANNER_SETTINGS}; SET synchronous_commit = off"
-# The writers': the batched writes take their rows as arrays, and the planner's custom plans for them
-# cost more than running them (and look no better than the generic plan).
-WRITER_SETTINGS = f"{PLANNER_SETTINGS}; SET plan_cache_mode = force_generic_plan"
+# How the service's own statements on the task table are planned, and the settings of the control
+# connection and of the writers, which include it (why each: sql/connections.sql).
+PLANNER_SETTINGS = named.query("connections.sql", "planner")
+CONTROL_SETTINGS = named.query("connections.sql", "control")
+WRITER_SETTINGS = named.query("connections.sql", "writers")
 
 # The claim pass's statements, PREPAREd on the control connection ($n: the parameters in this order);
 # its claim lock (a LOCK TABLE) is sent as text.
@@ -174,8 +170,7 @@ def flush_params(works: list, finishes: list) -> dict:
 
 
 # About a remote task's author, asked in the local database before connecting (remote.py's password rule).
-LOCAL_FACTS = """SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = %s), false),
-    current_setting('server_encoding')"""
+LOCAL_FACTS = named.query("session.sql", "remote_author")
 
 
 class Queries:

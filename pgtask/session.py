@@ -16,6 +16,7 @@ from .output import DEFAULT_STYLE, ErrorStyle, format_error
 # re-planning the start function and the table's triggers for every task. Unlike DISCARD ALL it may
 # run inside the next task's preamble (local_input.py).
 RESET_SESSION = named.query("session.sql", "reset_session")
+_ERROR_STYLE = named.query("session.sql", "error_style")  # see output.ErrorStyle
 
 
 class Reloads:
@@ -86,7 +87,7 @@ class Session(Connection):
             return
         reloads = self.reloads.count
         cur = self.conn.cursor(row_factory=psycopg.rows.tuple_row)
-        self.error_style = ErrorStyle.of(await (await cur.execute(ErrorStyle.QUERY)).fetchone())
+        self.error_style = ErrorStyle.of(await (await cur.execute(_ERROR_STYLE)).fetchone())
         self.style_reloads = reloads
 
     @property

@@ -16,6 +16,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import config as cfgmod
 from . import provision, systemd_notify
+from . import sql as named
 from .cluster import Cluster, find_bindir
 from .config import Config, Entry
 from .connect import Backoff, with_liveness, without_timeouts
@@ -103,8 +104,7 @@ async def provision_entries(cfg: Config, conninfo: str, entries: list[Entry],
     for entry in entries:
         try:
             async with await psycopg.AsyncConnection.connect(make_conninfo(conninfo, dbname=entry.data)) as conn:
-                cur = await conn.execute("SELECT current_user <> %s AND pg_has_role(current_user, %s, 'MEMBER')",
-                                         (entry.user, entry.user))
+                cur = await conn.execute(named.query("catalog.sql", "on_behalf"), (entry.user, entry.user))
                 on_behalf = (await cur.fetchone())[0]
                 await provision.provision_table(conn, entry.schema, entry.table, report,
                                                 owner=entry.user if on_behalf else None, service=entry.user)

@@ -1,6 +1,7 @@
--- What provisioning reads before it acts (provision.py and the modules beside it): each step asks
--- pg_catalog whether its object exists or differs, and only then creates or alters it. %s and
--- %(name)s are parameters; {placeholders} are filled in with psycopg.sql.
+-- What provisioning reads before it acts (provision.py and the modules beside it; "on_behalf":
+-- supervisor.py, whether the service's role provisions a table for an entry's role it is a member
+-- of): each step asks pg_catalog whether its object exists or differs, and only then creates or
+-- alters it. %s and %(name)s are parameters; {placeholders} are filled in with psycopg.sql.
 
 -- role_exists --
 SELECT 1 FROM pg_roles WHERE rolname = %s
@@ -100,6 +101,9 @@ SELECT 1 FROM pg_policy WHERE polrelid = %s::regclass AND polname = %s
 -- reservations have no task row any more, and the name of its primary key.
 SELECT (SELECT count(*) FROM {keys} k WHERE NOT EXISTS (SELECT FROM {table} t WHERE t."id" = k."task")),
        (SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p')
+
+-- on_behalf --
+SELECT current_user <> %s AND pg_has_role(current_user, %s, 'MEMBER')
 
 -- may_create_roles --
 SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user
