@@ -16,9 +16,11 @@ from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
 from .. import config, readable, status
+from .. import sql as named
 from ..cluster import Cluster
 from ..names import beside
 from ..provision import Report
+from ..sql import placeholders
 from . import query
 
 
@@ -102,8 +104,7 @@ def table_oid(conn: psycopg.Connection, schema: str, table: str) -> int:
 def serving(conn: psycopg.Connection, schema: str, table: str) -> bool:
     """Whether a ``pgtask run`` scheduler is connected for this table (its application_name)."""
     prefix = f"pg_work {schema} {table} "[:63]
-    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND left(application_name, %s) = %s", (len(prefix), prefix)).fetchone()
+    row = conn.execute(named.query("notebook.sql", "serving"), (len(prefix), prefix)).fetchone()
     return row[0] > 0
 
 
@@ -126,6 +127,11 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, message: str
         time.sleep(interval)
 
 
+def _statement(name: str, schema: str, table: str, **extra: sql.Composable) -> sql.Composed:
+    """The statement ``name`` of sql/notebook.sql for ``schema.table``; ``extra``: its own placeholders."""
+    return placeholders.render(named.query("notebook.sql", name), schema, table, extra=extra)
+
+
 def rows(conn: psycopg.Connection, text, params=None) -> list[dict]:
     cur = conn.cursor(row_factory=dict_row)
     cur.execute(text, params)
@@ -136,9 +142,8 @@ def tasks(conn: psycopg.Connection, schema: str, table: str, where: str, params=
           columns: str = '"id", "parent", "state"::text AS "state", "plan", "start", "stop", "output", "error"',
           order: bool = True) -> list[dict]:
     """Rows of the task table: ``where`` is SQL over its columns (with %s / %(name)s parameters)."""
-    return rows(conn, sql.SQL("SELECT {} FROM {} WHERE {}{}").format(
-        sql.SQL(columns), sql.Identifier(schema, table), sql.SQL(where),
-        sql.SQL(' ORDER BY "id"' if order else "")), params)
+    return rows(conn, _statement("tasks_ordered" if order else "tasks", schema, table,
+                                 columns=sql.SQL(columns), where=sql.SQL(where)), params)
 
 
 FINAL = ("DONE", "FAIL", "GONE", "STOP")
@@ -162,13 +167,10 @@ def check(condition: object, message: str) -> None:
 def demo_reset(conn: psycopg.Connection, schema: str, table: str, mark: str, timeout: float = 30.0) -> int:
     """Remove the rows an earlier run of a demo left (``data = mark``): planned ones are STOPped,
     running ones waited for, then all deleted. Returns how many were deleted."""
-    t = sql.Identifier(schema, table)
-    conn.execute(sql.SQL("UPDATE {} SET \"state\" = 'STOP' WHERE \"data\" = %s AND \"state\"::text IN ('PLAN', 'WAIT')").format(t),
-                 (mark,))
-    wait_until(lambda: not conn.execute(sql.SQL("SELECT 1 FROM {} WHERE \"data\" = %s AND \"state\" IN "
-                                                "('TAKE', 'WORK')").format(t), (mark,)).fetchone(),
+    conn.execute(_statement("demo_stop", schema, table), (mark,))
+    wait_until(lambda: not conn.execute(_statement("demo_running", schema, table), (mark,)).fetchone(),
                timeout, "the previous demo's running tasks to finish")
-    return conn.execute(sql.SQL("DELETE FROM {} WHERE \"data\" = %s").format(t), (mark,)).rowcount
+    return conn.execute(_statement("demo_delete", schema, table), (mark,)).rowcount
 
 
 def show(report: Report) -> None:
@@ -228,14 +230,12 @@ def source(conn: psycopg.Connection, schema: str, table: str, include_archive: b
     the common columns of both, for the inspection queries over finished tasks."""
     t = sql.Identifier(schema, table).as_string(conn)
     archive = beside(table, "archive")
-    row = conn.execute("""SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'""", (schema, archive)).fetchone()
+    row = conn.execute(named.query("notebook.sql", "archive_partitioned"), (schema, archive)).fetchone()
     if not include_archive or row is None:
         return t
-    cols = ", ".join(sql.Identifier(c).as_string(conn) for c in
-                     ("id", "group", "state", "plan", "active", "start", "stop", "error", "input"))
-    a = sql.Identifier(schema, archive).as_string(conn)
-    return f"(SELECT {cols} FROM {t} UNION ALL SELECT {cols} FROM {a}) AS finished"
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in
+                              ("id", "group", "state", "plan", "active", "start", "stop", "error", "input"))
+    return _statement("with_archive", schema, table, columns=cols).as_string(conn)
 
 
 def inspect(dsn: str, schema: str, table: str, name: str, include_archive: bool = True, **params):
