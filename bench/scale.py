@@ -210,7 +210,12 @@ def explain_plans(scale: Scale) -> None:
         conn.execute("RESET ALL")  # as `pgtask status` connects: the server's planner settings
         conn.execute(status.statement("settings", "public", "task"))
         oid = status.table_oid(conn, "public", "task")
-        for name, params in (("liveness", {"oid": oid}), ("groups", {"since": "1 hour"}), ("longest", None)):
+        bounded = sum(status.finished_estimate(conn, "public", "task").values()) > status.EXACT_FINISHED
+        window = status.window_rows(conn, "public", "task", "1 hour")
+        for name, params in (("liveness", {"oid": oid, "bounded": bounded, "recent": status.RECENT_STARTED}),
+                             ("window_rows", {"since": "1 hour", "recent": status.WINDOW_ROWS}),
+                             ("groups", {"since": window.capped or "1 hour", "bounded": bounded, "after": window.after}),
+                             ("longest", None)):
             plan = conn.execute(psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") +
                                 status.statement(name, "public", "task"), params).fetchall()
             print(f"-- status {name}:\n" + "\n".join("   " + row[0] for row in plan))

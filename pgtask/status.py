@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 from psycopg import pq, sql
@@ -40,9 +41,30 @@ def table_oid(conn: psycopg.Connection, schema: str, table_name: str) -> int | N
     return row[0] if row else None
 
 
-def liveness(conn: psycopg.Connection, schema: str, table_name: str, oid: int) -> dict:
-    """The liveness query's one row (see status.sql)."""
-    return fetch(conn, "liveness", schema, table_name, {"oid": oid})[0]
+def liveness(conn: psycopg.Connection, schema: str, table_name: str, oid: int, bounded: bool = False) -> dict:
+    """The liveness query's one row (see status.sql); ``bounded``: "last task started" from the running
+    rows and the newest RECENT_STARTED started ones only."""
+    return fetch(conn, "liveness", schema, table_name, {"oid": oid, "bounded": bounded, "recent": RECENT_STARTED})[0]
+
+
+# -- the history's size ----------------------------------------------------------------------------
+
+FINISHED = ("DONE", "FAIL", "GONE", "STOP")
+# Finished rows are counted while the statistics estimate at most this many (as the metrics reading
+# decides); beyond it the "(all)" figures are the planner's estimates and the rest reads the live
+# rows and the newest ones only (status.sql, "groups" and "liveness").
+EXACT_FINISHED = 100_000
+# A bounded "last task started" reads the running rows and this many of the newest started ones.
+RECENT_STARTED = 1000
+# A bounded window reads at most this many of the newest rows (and the live ones).
+WINDOW_ROWS = 10_000
+
+
+def finished_estimate(conn: psycopg.Connection, schema: str, table_name: str) -> dict[str, int]:
+    """The planner's estimate of the rows in each finished state (status.sql, "estimate")."""
+    query = statement("estimate", schema, table_name)
+    return {state: round(conn.execute(query, {"state": state}).fetchone()[0][0]["Plan"]["Plan Rows"])
+            for state in FINISHED}
 
 
 @dataclass
@@ -52,9 +74,10 @@ class Verdict:
     details: list[str]     # the service, the backlog, the last start, one line each
 
 
-def verdict(live: dict, schema: str, table_name: str, behind_after: float = 60.0) -> Verdict:
+def verdict(live: dict, schema: str, table_name: str, behind_after: float = 60.0, bounded: bool = False) -> Verdict:
     """Whether the queue is looked after: a service connected and claiming (no due row with a free
-    slot waiting longer than ``behind_after`` seconds) and no orphaned row."""
+    slot waiting longer than ``behind_after`` seconds) and no orphaned row. ``bounded``: the liveness
+    row was read bounded, which its "last task started" line says."""
     problems = []
     services = int(live["services"])
     if services == 0:
@@ -81,6 +104,8 @@ def verdict(live: dict, schema: str, table_name: str, behind_after: float = 60.0
              f"{count(live['running'])} running, {count(live['orphaned'])} orphaned")
     started = f"last task started: {duration(live['last_start_seconds'], 'never')}" + (
         " ago" if live["last_start_seconds"] is not None else "")
+    if bounded:
+        started += f" (of the running tasks and the newest {RECENT_STARTED:,} started)"
     return Verdict(not problems, headline, [service, queue, started])
 
 
@@ -92,14 +117,34 @@ GROUP_COLUMNS = ("group", "due", "oldest due", "planned", "running", "orphaned",
 GROUP_NUMERIC = (False,) + (True,) * (len(GROUP_COLUMNS) - 1)
 
 
-def groups(conn: psycopg.Connection, schema: str, table_name: str, since: str) -> list[dict]:
-    """The groups query's rows (see status.sql), the busiest first."""
-    found = fetch(conn, "groups", schema, table_name, {"since": since})
-    window = conn.execute(named.query("status.sql", "window_seconds"), {"since": since}).fetchone()[0]
+@dataclass
+class Window:
+    """What a table past the threshold reads for the window (status.sql, "window_rows")."""
+    after: int                   # the rows after this id (and the live ones)
+    capped: timedelta | None     # the newest WINDOW_ROWS rows cover only this much of the window
+
+
+def window_rows(conn: psycopg.Connection, schema: str, table_name: str, since: str) -> Window:
+    row = fetch(conn, "window_rows", schema, table_name, {"since": since, "recent": WINDOW_ROWS})[0]
+    return Window(row["after"], row["capped"])
+
+
+def groups(conn: psycopg.Connection, schema: str, table_name: str, since: str | timedelta,
+           window: Window | None = None) -> list[dict]:
+    """The groups query's rows (see status.sql), the busiest first. ``window``: the live rows and
+    those after ``window.after`` only, without the groups' "(all)" figures (None), over the part of
+    the window they cover."""
+    if window is not None and window.capped is not None:
+        since = window.capped
+    found = fetch(conn, "groups", schema, table_name,
+                  {"since": since, "bounded": window is not None, "after": window.after if window else 0})
+    seconds = conn.execute(named.query("status.sql", "window_seconds"), {"since": since}).fetchone()[0]
     for g in found:
+        if window is not None:  # counted over the rows read, not the table
+            g.update(dict.fromkeys(("done", "fail", "gone", "stop")))
         g["finished_window"] = sum(g[f"{s}_window"] for s in ("done", "fail", "gone", "stop"))
         g["failed_window"] = g["finished_window"] - g["done_window"]
-        g["rate"] = g["finished_window"] / window if window > 0 else None
+        g["rate"] = g["finished_window"] / seconds if seconds > 0 else None
     found.sort(key=lambda g: (-(g["due"] + g["running"] + g["orphaned"] + g["finished_window"]),
                               g["group"]))
     return found
@@ -115,18 +160,23 @@ def group_cells(g: dict) -> list[str]:
             *(count(g[s]) for s in ("done", "fail", "gone", "stop"))]
 
 
-def total_cells(found: list[dict]) -> list[str]:
-    """The all-groups row (no percentiles: they do not add up)."""
+def total_cells(found: list[dict], estimate: dict[str, int] | None = None) -> list[str]:
+    """The all-groups row (no percentiles: they do not add up); ``estimate``: its "(all)" figures are
+    these estimates, marked "~"."""
     total = {k: sum(g[k] for g in found)
              for k in ("due", "planned", "running", "orphaned", "done_window", "fail_window", "gone_window",
-                       "stop_window", "done", "fail", "gone", "stop", "finished_window", "failed_window")}
+                       "stop_window", "finished_window", "failed_window")}
+    if estimate is None:  # FINISHED is the "(all)" columns' order
+        alls = [count(sum(g[s.lower()] for g in found)) for s in FINISHED]
+    else:
+        alls = [f"~{count(estimate[s])}" for s in FINISHED]
     rates = [g["rate"] for g in found if g["rate"] is not None]
     oldest = [g["oldest_due_seconds"] for g in found if g["oldest_due_seconds"] is not None]
     return ["(all groups)", count(total["due"]), duration(max(oldest) if oldest else None),
             count(total["planned"]), count(total["running"]), count(total["orphaned"]),
             *(count(total[f"{s}_window"]) for s in ("done", "fail", "gone", "stop")),
             percent(total["failed_window"], total["finished_window"]), rate(sum(rates) if rates else None),
-            "", "", *(count(total[s]) for s in ("done", "fail", "gone", "stop"))]
+            "", "", *alls]
 
 
 # -- flow control ----------------------------------------------------------------------------------
@@ -151,26 +201,44 @@ def flow_cells(g: dict) -> list[str]:
 # -- the commands ----------------------------------------------------------------------------------
 
 
+def group_lines(conn: psycopg.Connection, schema: str, table_name: str, since: str, limit: int,
+                estimate: dict[str, int] | None) -> list[str]:
+    """The per-group table; ``estimate``: the table is past the threshold (see groups), and its
+    "(all)" figures are these estimates."""
+    if estimate is None:
+        found = groups(conn, schema, table_name, since)
+        lines = [f"groups (done … stop, fail %, rate, pickup: in the last {since}; (all): every row in the table)"]
+    else:
+        window = window_rows(conn, schema, table_name, since)
+        found = groups(conn, schema, table_name, since, window)
+        read = (f"the last {duration(window.capped)} of it: the newest {WINDOW_ROWS:,} rows" if window.capped
+                else "the rows after the newest planned before it")
+        lines = [f"groups (done … stop, fail %, rate, pickup: in the last {since}, read from {read}; "
+                 f"(all): ~ the planner's estimates, past {EXACT_FINISHED:,} finished rows, for all groups only)"]
+    rows = [group_cells(g) for g in found[:limit]] + [total_cells(found, estimate)]
+    lines += ["  " + line for line in table(GROUP_COLUMNS, rows, GROUP_NUMERIC)]
+    if len(found) > limit:
+        lines.append(f"  … and {len(found) - limit:,} more groups (--groups N shows more)")
+    return lines
+
+
 def report(conn: psycopg.Connection, schema: str, table_name: str, since: str = "1 hour",
-           behind_after: float = 60.0, limit: int = 20) -> list[str]:
+           behind_after: float = 60.0, limit: int = 20, exact_finished: int = EXACT_FINISHED) -> list[str]:
     """`pgtask status` for one task table: the verdict first, then the busiest groups. Sets the
-    connection's settings for it (status.sql, "settings")."""
+    connection's settings for it (status.sql, "settings"). Past ``exact_finished`` finished rows (the
+    planner's estimate) it reads the live rows and the newest ones, not the history, and says so."""
     conn.execute(named.query("status.sql", "settings"))
     oid = table_oid(conn, schema, table_name)
     if oid is None:
         return [f"NOT OK: no table {schema}.{table_name} in this database (run `pgtask provision`)"]
-    v = verdict(liveness(conn, schema, table_name, oid), schema, table_name, behind_after)
+    estimate = finished_estimate(conn, schema, table_name)
+    bounded = sum(estimate.values()) > exact_finished
+    v = verdict(liveness(conn, schema, table_name, oid, bounded), schema, table_name, behind_after, bounded)
     lines = [v.headline, *v.details]
     for longest in fetch(conn, "longest", schema, table_name):  # one row at most
         lines.append(f"longest running: task {longest['id']} (group {longest['group']}, {longest['state']}) for "
                      f"{duration(longest['seconds'])}: {longest['input']}")
-    found = groups(conn, schema, table_name, since)
-    lines.append(f"groups (done … stop, fail %, rate, pickup: in the last {since}; (all): every row in the table)")
-    shown = found[:limit]
-    rows = [group_cells(g) for g in shown] + [total_cells(found)]
-    lines += ["  " + line for line in table(GROUP_COLUMNS, rows, GROUP_NUMERIC)]
-    if len(found) > limit:
-        lines.append(f"  … and {len(found) - limit:,} more groups (--groups N shows more)")
+    lines += group_lines(conn, schema, table_name, since, limit, estimate if bounded else None)
     controlled = flow(conn, schema, table_name)
     if controlled:
         paused = sum(1 for g in controlled if g["paused"])

@@ -4,9 +4,10 @@
 -- statement_timestamp().
 
 -- settings --
--- The command's connection plans without JIT compilation: the groups query reads every row of the
--- table, and past some 50,000 rows its cost crosses the server's JIT thresholds; compiling then
--- took 2.8 s of that query's 3.0 s at a million rows (docs/performance.md, "How the cost grows").
+-- The command's connection plans without JIT compilation: up to the threshold of finished rows
+-- (pgtask/status.py) the groups query reads every row of the table, and past some 50,000 rows its
+-- cost crosses the server's JIT thresholds: compiling took 2.8 s of that query's 3.0 s when it
+-- read a million rows (docs/performance.md, "How the cost grows").
 SET jit = off
 
 -- table_oid --
@@ -64,8 +65,14 @@ SELECT (SELECT count(*) FROM svc) AS "services",
        (SELECT count(*) FROM due WHERE "free") AS "due_free",
        (SELECT extract(epoch FROM statement_timestamp() - min("plan")) FROM due WHERE "free")
            AS "oldest_free_due_seconds",
-       (SELECT greatest(extract(epoch FROM statement_timestamp() - max("start")), 0) FROM {table}
-        WHERE "start" IS NOT NULL AND "state" <> 'GONE') AS "last_start_seconds"
+       (SELECT greatest(extract(epoch FROM statement_timestamp() - greatest(
+            -- a table past the threshold (bounded): the running rows (the slot index) and the newest
+            -- started ones by id (ids grow with time; the primary key read backwards), not the history
+            (SELECT max("start") FROM {table} WHERE NOT %(bounded)s AND "start" IS NOT NULL AND "state" <> 'GONE'),
+            (SELECT max("start") FROM {table} t WHERE %(bounded)s AND ({@table.sql:slot_held})),
+            (SELECT max("start") FROM (SELECT "start" FROM {table} WHERE %(bounded)s AND "start" IS NOT NULL
+                                       AND "state" <> 'GONE' ORDER BY "id" DESC LIMIT %(recent)s) r))), 0))
+           AS "last_start_seconds"
 
 -- groups --
 -- One row per group, the busiest first: its backlog now (due, the oldest due one's age, planned),
@@ -102,7 +109,31 @@ SELECT "group",
            FILTER (WHERE "state" <> 'GONE' AND "start" >= statement_timestamp() - %(since)s::interval)
            AS "pickup_p99_seconds"
 FROM {table} t
+-- A table past the threshold (bounded) reads its live rows (the plan and slot indexes) and the rows
+-- after the id "window_rows" finds (the primary key), not the history; its "(all)" figures are
+-- then the planner's estimates ("estimate").
+WHERE NOT %(bounded)s OR "state" = 'PLAN' OR ({@table.sql:slot_held}) OR "id" > %(after)s
 GROUP BY "group"
+
+-- window_rows --
+-- (A table past the threshold.) The rows the groups query reads beside the live ones, from the
+-- newest %(recent)s by id (the primary key read backwards: ids grow with time). "after": the id
+-- they follow -- the newest one planned before the window (0: every row is newer); when all of
+-- those rows were planned within the window, the oldest of them, and "capped": the part of the
+-- window they cover (back to their earliest plan), which the groups query counts instead.
+WITH newest AS (SELECT "id", least("plan", statement_timestamp()) AS "plan" FROM {table}
+                ORDER BY "id" DESC LIMIT %(recent)s),
+     seen AS (SELECT count(*) AS "n", max("id") FILTER (WHERE "plan" < statement_timestamp() - %(since)s::interval)
+                     AS "before", min("id") AS "oldest", min("plan") AS "earliest" FROM newest)
+SELECT CASE WHEN "before" IS NOT NULL OR "n" < %(recent)s THEN coalesce("before", 0) ELSE "oldest" - 1 END
+           AS "after",
+       CASE WHEN "before" IS NULL AND "n" >= %(recent)s THEN statement_timestamp() - "earliest" END AS "capped"
+FROM seen
+
+-- estimate --
+-- The planner's estimate of the rows in one finished state (%(state)s): the table's statistics
+-- scaled to its current size, no row read (as the metrics reading's "ended_estimate").
+EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE "state" = %(state)s::text::{state}
 
 -- flow --
 -- The groups under flow control (a row in the group table), paused ones first: capacity, pause,

@@ -120,3 +120,69 @@ def test_ages_are_never_negative_and_ids_paste_into_sql(db, cluster):
     assert "last task started: 0 s ago" in result.stdout, result.stdout
     assert "longest running: task 1234567 (group x, WORK) for 0 s: SELECT 1" in result.stdout, result.stdout
     assert " -" not in result.stdout.replace(" - ", ""), result.stdout
+
+
+def cell(header: str, row: str, name: str) -> str:
+    """A right-aligned cell of the groups table under the header ``name`` ('' when blank)."""
+    end, row = header.index(f" {name}") + len(name) + 1, row.ljust(len(header))  # trailing blanks are cut
+    return "" if row[end - 1] == " " else row[:end].split()[-1]
+
+
+def test_past_the_threshold_finished_counts_are_marked_estimates_and_the_live_ones_stay_exact(db, cluster):
+    """Past 100,000 finished rows the "(all)" figures are the planner's estimates, marked "~" and
+    named in the header; the groups with nothing live or in the window (the history) are not read;
+    the backlog, the slots and the window's figures stay exact."""
+    db.execute("""INSERT INTO task ("group", plan, start, stop, state, input)
+                  SELECT 'old', now() - interval '2 days' + i * interval '1 ms', now() - interval '2 days',
+                         now() - interval '2 days', CASE WHEN i % 100 = 0 THEN 'FAIL' ELSE 'DONE' END::state, 'SELECT 1'
+                  FROM generate_series(1, 120000) i""")
+    for state in ("DONE", "DONE", "DONE", "FAIL"):  # finished in the window
+        db.execute("""INSERT INTO task ("group", plan, start, stop, state, input) VALUES
+                      ('new', now() - interval '10 minutes', now() - interval '9 minutes', now() - interval '8 minutes',
+                       %s, 'SELECT 1')""", (state,))
+    db.execute("""INSERT INTO task ("group", plan, input) VALUES ('new', now() - interval '1 minute', 'SELECT 1'),
+                  ('new', now() - interval '2 minutes', 'SELECT 1'), ('new', now() + interval '1 hour', 'SELECT 1')""")
+    db.execute("""INSERT INTO task ("group", state, pid, plan, start, input)
+                  VALUES ('w', 'WORK', 1, now() - interval '6 minutes', now() - interval '5 minutes', 'SELECT 1')""")
+    db.execute("ANALYZE task")
+    result = cli(cluster, db, "status")
+    out = result.stdout
+    assert "backlog: 2 due, 2 of them with a free group slot; 0 running, 1 orphaned" in out, out
+    assert "last task started: 5 min ago (of the running tasks and the newest 1,000 started)" in out, out
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("group "))
+    assert "(all): ~ the planner's estimates, past 100,000 finished rows, for all groups only" in lines[at - 1], out
+    header, rows = lines[at], {line.split()[0]: line for line in lines[at + 1:at + 4]}
+    assert sorted(rows) == ["(all", "new", "w"], out  # the history's group is not read
+    new = {n: cell(header, rows["new"], n) for n in ("due", "planned", "orphaned", "done", "fail", "done (all)")}
+    assert new == {"due": "2", "planned": "1", "orphaned": "0", "done": "3", "fail": "1", "done (all)": ""}, out
+    assert cell(header, rows["w"], "orphaned") == "1", out
+    total = rows["(all"]
+    assert (cell(header, total, "due"), cell(header, total, "done"), cell(header, total, "fail")) == ("2", "3", "1"), out
+    done, fail = (cell(header, total, f"{s} (all)") for s in ("done", "fail"))
+    assert done.startswith("~") and fail.startswith("~"), out
+    # estimates of 118,803 DONE and 1,201 FAIL rows (ANALYZE samples 30,000 of them)
+    assert abs(int(done[1:].replace(",", "")) - 118_803) < 6000, out
+    assert abs(int(fail[1:].replace(",", "")) - 1_201) < 400, out
+
+
+def test_past_the_threshold_a_busy_window_is_read_from_the_newest_rows_and_says_so(db, cluster):
+    """When the newest 10,000 rows all fall within the window, the window's figures are theirs, over
+    the part of the window they cover, and the groups line says so."""
+    db.execute("""INSERT INTO task ("group", plan, start, stop, state, input)
+                  SELECT 'old', now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
+                         'DONE', 'SELECT 1' FROM generate_series(1, 110000)""")
+    db.execute("""INSERT INTO task ("group", plan, start, stop, state, input)
+                  SELECT 'busy', now() - interval '10 minutes' + i * interval '10 ms',
+                         now() - interval '10 minutes' + i * interval '10 ms',
+                         now() - interval '10 minutes' + i * interval '10 ms' + interval '1 second', 'DONE', 'SELECT 1'
+                  FROM generate_series(1, 10050) i""")
+    db.execute("ANALYZE task")
+    out = cli(cluster, db, "status").stdout
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("group "))
+    assert "in the last 1 hour, read from the last 10 min of it: the newest 10,000 rows" in lines[at - 1], out
+    header, rows = lines[at], {line.split()[0]: line for line in lines[at + 1:at + 3]}
+    assert sorted(rows) == ["(all", "busy"], out
+    assert cell(header, rows["busy"], "done") == "10,000" and cell(header, rows["busy"], "done (all)") == "", out
+    assert cell(header, rows["(all"], "done (all)").startswith("~"), out
