@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 
 from . import config as cfgmod
 from . import sql as named
+from .metrics import EXACT_FINISHED, FINISHED
 from .readable import count, duration, missing, percent, plural, rate, table
 from .sql import placeholders
 
@@ -49,11 +50,9 @@ def liveness(conn: psycopg.Connection, schema: str, table_name: str, oid: int, b
 
 # -- the history's size ----------------------------------------------------------------------------
 
-FINISHED = ("DONE", "FAIL", "GONE", "STOP")
-# Finished rows are counted while the statistics estimate at most this many (as the metrics reading
-# decides); beyond it the "(all)" figures are the planner's estimates and the rest reads the live
-# rows and the newest ones only (status.sql, "groups" and "liveness").
-EXACT_FINISHED = 100_000
+# Past metrics.EXACT_FINISHED finished rows (the planner's estimate, as the metrics reading decides)
+# the "(all)" figures are the planner's estimates and the rest reads the live rows and the newest
+# ones only (status.sql, "groups" and "liveness").
 # A bounded "last task started" reads the running rows and this many of the newest started ones.
 RECENT_STARTED = 1000
 # A bounded window reads at most this many of the newest rows (and the live ones).
@@ -61,10 +60,11 @@ WINDOW_ROWS = 10_000
 
 
 def finished_estimate(conn: psycopg.Connection, schema: str, table_name: str) -> dict[str, int]:
-    """The planner's estimate of the rows in each finished state (status.sql, "estimate")."""
-    query = statement("estimate", schema, table_name)
-    return {state: round(conn.execute(query, {"state": state}).fetchone()[0][0]["Plan"]["Plan Rows"])
-            for state in FINISHED}
+    """The planner's estimate of the rows in each finished state (the metrics reading's
+    "ended_estimate", metrics.sql)."""
+    text = named.query("metrics.sql", "ended_estimate")
+    return {state: round(conn.execute(placeholders.render(text, schema, table_name, extra={
+        "finished": sql.Literal(state)})).fetchone()[0][0]["Plan"]["Plan Rows"]) for state in FINISHED}
 
 
 @dataclass

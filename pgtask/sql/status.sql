@@ -111,7 +111,7 @@ SELECT "group",
 FROM {table} t
 -- A table past the threshold (bounded) reads its live rows (the plan and slot indexes) and the rows
 -- after the id "window_rows" finds (the primary key), not the history; its "(all)" figures are
--- then the planner's estimates ("estimate").
+-- then the planner's estimates (status.finished_estimate).
 WHERE NOT %(bounded)s OR "state" = 'PLAN' OR ({@table.sql:slot_held}) OR "id" > %(after)s
 GROUP BY "group"
 
@@ -129,11 +129,6 @@ SELECT CASE WHEN "before" IS NOT NULL OR "n" < %(recent)s THEN coalesce("before"
            AS "after",
        CASE WHEN "before" IS NULL AND "n" >= %(recent)s THEN statement_timestamp() - "earliest" END AS "capped"
 FROM seen
-
--- estimate --
--- The planner's estimate of the rows in one finished state (%(state)s): the table's statistics
--- scaled to its current size, no row read (as the metrics reading's "ended_estimate").
-EXPLAIN (FORMAT JSON) SELECT FROM {table} WHERE "state" = %(state)s::text::{state}
 
 -- flow --
 -- The groups under flow control (a row in the group table), paused ones first: capacity, pause,
