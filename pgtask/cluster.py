@@ -171,11 +171,11 @@ def _copy_installation(bindir: Path) -> Path:
     return dest / bindir.relative_to(top)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a throwaway cluster or an HTTP endpoint (the
-    tests', the benchmarks')."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (an IPv4 or IPv6 address) that is free now, for a throwaway cluster or
+    an HTTP endpoint (the tests', the benchmarks')."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pgtask_nspawn
 import yaml
+from psycopg.sql import Literal
 from pgtask_playbook import Run, run_playbook, wait_for
 
 HOST = "box"
@@ -104,9 +105,9 @@ def wait_active(host, what: str) -> None:
 
 def task_result(host, sql_input: str, db: str = "postgres", table: str = "task", user: str | None = None) -> str:
     """Insert a task and return "state|output" once it has finished (60 s at most)."""
-    columns, values = "(input)", f"({quote(sql_input)})"
-    if user is not None:
-        columns, values = '(input, "user")', f"({quote(sql_input)}, {quote(user)})"
+    given = [sql_input] if user is None else [sql_input, user]
+    columns = "(input)" if user is None else '(input, "user")'
+    values = "(" + ", ".join(Literal(v).as_string(None) for v in given) + ")"
     task_id = int(psql(host, f"INSERT INTO {table} {columns} VALUES {values} RETURNING id", db=db))
 
     def state():
@@ -114,7 +115,3 @@ def task_result(host, sql_input: str, db: str = "postgres", table: str = "task",
         return s if s.startswith(("DONE", "FAIL")) else None
 
     return wait_for(state, 60, f"task {task_id} in {db} to finish; journal:\n{journal(host)}")
-
-
-def quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

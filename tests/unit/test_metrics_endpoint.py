@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from pgtask.cluster import free_port
 from pgtask.metrics import Endpoint
 
 
-def free_port(family: int, host: str) -> int:
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.parametrize("family, host, url_host", [(socket.AF_INET, "127.0.0.1", "127.0.0.1"),
-                                                     (socket.AF_INET6, "::1", "[::1]")])
-def test_the_endpoint_serves_on_the_address_family_of_its_host(family, host, url_host):
+@pytest.mark.parametrize("host, url_host", [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]")])
+def test_the_endpoint_serves_on_the_address_family_of_its_host(host, url_host):
     registry = CollectorRegistry()
     Counter("pgtask_probe", "a sample to find", registry=registry).inc()
-    port = free_port(family, host)
+    port = free_port(host)
     endpoint = Endpoint(f"{url_host}:{port}", registry, lambda: [])
     endpoint.start()
     try:
